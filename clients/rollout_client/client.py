@@ -1,0 +1,97 @@
+"""RolloutClient (blocking) and AsyncRolloutClient (asyncio): the only code that knows the RPCs."""
+from __future__ import annotations
+
+from typing import AsyncIterator, Iterator
+
+import grpc
+
+from rollout_client.types import Sample, build_request
+from rollout_service.api import pb, pb_grpc
+
+_MB = 1024 * 1024
+
+
+def _channel_options(max_message_mb: int) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", max_message_mb * _MB),
+            ("grpc.max_send_message_length", max_message_mb * _MB)]
+
+
+class RolloutClient:
+    """Blocking client.
+
+        with RolloutClient("127.0.0.1:50051") as c:
+            for s in c.generate([[1, 2, 3]], n=4, max_tokens=64):
+                print(s.prompt_index, s.sample_index, s.token_ids, s.logprobs.sum())
+    """
+
+    def __init__(self, target: str, *, max_message_mb: int = 64):
+        self.channel = grpc.insecure_channel(target, options=_channel_options(max_message_mb))
+        self.stub = pb_grpc.RolloutServiceStub(self.channel)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        grpc.channel_ready_future(self.channel).result(timeout=timeout)
+
+    def generate(self, prompts, *, timeout: float | None = None, **kwargs) -> Iterator[Sample]:
+        """Stream samples as they finish. kwargs: see rollout_client.build_request."""
+        for m in self.stub.Generate(build_request(prompts, **kwargs), timeout=timeout):
+            yield Sample.from_proto(m)
+
+    def generate_all(self, prompts, **kwargs) -> list[list[Sample]]:
+        """Every sample, grouped: result[prompt_index][sample_index]."""
+        n = kwargs.get("n", 1) or 1
+        out: list[list[Sample | None]] = [[None] * n for _ in prompts]
+        for s in self.generate(prompts, **kwargs):
+            out[s.prompt_index][s.sample_index] = s
+        return out  # type: ignore[return-value]
+
+    def status(self, timeout: float | None = 10.0) -> pb.Status:
+        return self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AsyncRolloutClient:
+    """asyncio client with the same methods as RolloutClient (awaitable / async iterators)."""
+
+    def __init__(self, target: str, *, max_message_mb: int = 64):
+        self.channel = grpc.aio.insecure_channel(target, options=_channel_options(max_message_mb))
+        self.stub = pb_grpc.RolloutServiceStub(self.channel)
+
+    async def wait_ready(self, timeout: float = 300.0) -> None:
+        import asyncio
+
+        await asyncio.wait_for(self.channel.channel_ready(), timeout)
+
+    async def generate(self, prompts, *, timeout: float | None = None, **kwargs) -> AsyncIterator[Sample]:
+        call = self.stub.Generate(build_request(prompts, **kwargs), timeout=timeout)
+        try:
+            async for m in call:
+                yield Sample.from_proto(m)
+        finally:
+            call.cancel()   # no-op when the stream completed; aborts server-side work when abandoned
+
+    async def generate_all(self, prompts, **kwargs) -> list[list[Sample]]:
+        n = kwargs.get("n", 1) or 1
+        out: list[list[Sample | None]] = [[None] * n for _ in prompts]
+        async for s in self.generate(prompts, **kwargs):
+            out[s.prompt_index][s.sample_index] = s
+        return out  # type: ignore[return-value]
+
+    async def status(self, timeout: float | None = 10.0) -> pb.Status:
+        return await self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

@@ -1,0 +1,64 @@
+"""Typed results the client hands back: numpy arrays, not lists of protos."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollout_service.api import pb
+
+_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated sample."""
+
+    prompt_index: int
+    sample_index: int
+    token_ids: np.ndarray             # int64 [gen_len]
+    logprobs: np.ndarray              # float32 [gen_len], processed distribution actually sampled from
+    finish_reason: str                # "stop" | "length" | "abort"
+    stop_string: str
+    policy_version: int
+    version_spans: list[tuple[int, int]]   # (policy_version, first_token_index)
+    draft_version: int
+    num_drafted: int
+    num_accepted: int
+    text: str
+    num_prompt_tokens: int
+    prompt_token_ids: np.ndarray | None = field(default=None)   # set on the first sample of a text prompt
+
+    @classmethod
+    def from_proto(cls, m: pb.Sample) -> "Sample":
+        return cls(
+            prompt_index=m.prompt_index, sample_index=m.sample_index,
+            token_ids=np.asarray(m.token_ids, dtype=np.int64), logprobs=np.asarray(m.logprobs, dtype=np.float32),
+            finish_reason=_FINISH.get(m.finish_reason, "unspecified"), stop_string=m.stop_string,
+            policy_version=m.policy_version,
+            version_spans=[(s.policy_version, s.first_token) for s in m.version_spans],
+            draft_version=m.draft_version, num_drafted=m.num_drafted, num_accepted=m.num_accepted, text=m.text,
+            num_prompt_tokens=m.num_prompt_tokens,
+            prompt_token_ids=np.asarray(m.prompt_token_ids, dtype=np.int64) if m.prompt_token_ids else None,
+        )
+
+
+def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_p: float | None = None,
+                  top_k: int | None = None, max_tokens: int | None = None, stop=(), seed: int | None = None,
+                  ignore_eos: bool = False, stop_token_ids=(), request_id: str = "",
+                  min_policy_version: int = 0, return_text: bool = False,
+                  chat: bool = False) -> pb.GenerateRequest:
+    """prompts: a list whose items are token-id sequences (list/array of ints) or strings."""
+    items = []
+    for p in prompts:
+        if isinstance(p, str):
+            items.append(pb.Prompt(text=p, apply_chat_template=chat))
+        else:
+            items.append(pb.Prompt(token_ids=[int(t) for t in p]))
+    sp = pb.SamplingParams(stop=list(stop), ignore_eos=ignore_eos, stop_token_ids=list(stop_token_ids))
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
+                        ("max_tokens", max_tokens), ("seed", seed)):
+        if value is not None:
+            setattr(sp, name, value)
+    return pb.GenerateRequest(request_id=request_id, prompts=items, n=n, sampling=sp,
+                              min_policy_version=min_policy_version, return_text=return_text)

@@ -1,0 +1,302 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+
+class InFlightMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IN_FLIGHT_UNSPECIFIED: _ClassVar[InFlightMode]
+    IN_FLIGHT_ABORT: _ClassVar[InFlightMode]
+    IN_FLIGHT_WAIT: _ClassVar[InFlightMode]
+    IN_FLIGHT_KEEP: _ClassVar[InFlightMode]
+
+class WeightTarget(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TARGET_UNSPECIFIED: _ClassVar[WeightTarget]
+    TARGET_POLICY: _ClassVar[WeightTarget]
+    TARGET_DRAFTER: _ClassVar[WeightTarget]
+
+class EngineState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_STATE_UNSPECIFIED: _ClassVar[EngineState]
+    ENGINE_STATE_STARTING: _ClassVar[EngineState]
+    ENGINE_STATE_READY: _ClassVar[EngineState]
+    ENGINE_STATE_PAUSED: _ClassVar[EngineState]
+    ENGINE_STATE_UNHEALTHY: _ClassVar[EngineState]
+    ENGINE_STATE_STOPPED: _ClassVar[EngineState]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+IN_FLIGHT_UNSPECIFIED: InFlightMode
+IN_FLIGHT_ABORT: InFlightMode
+IN_FLIGHT_WAIT: InFlightMode
+IN_FLIGHT_KEEP: InFlightMode
+TARGET_UNSPECIFIED: WeightTarget
+TARGET_POLICY: WeightTarget
+TARGET_DRAFTER: WeightTarget
+ENGINE_STATE_UNSPECIFIED: EngineState
+ENGINE_STATE_STARTING: EngineState
+ENGINE_STATE_READY: EngineState
+ENGINE_STATE_PAUSED: EngineState
+ENGINE_STATE_UNHEALTHY: EngineState
+ENGINE_STATE_STOPPED: EngineState
+
+class Prompt(_message.Message):
+    __slots__ = ("token_ids", "text", "apply_chat_template")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    APPLY_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    apply_chat_template: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., apply_chat_template: _Optional[bool] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "ignore_eos", "stop_token_ids")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    seed: int
+    ignore_eos: bool
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompts", "n", "sampling", "min_policy_version", "return_text")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TEXT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
+    n: int
+    sampling: SamplingParams
+    min_policy_version: int
+    return_text: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., return_text: _Optional[bool] = ...) -> None: ...
+
+class VersionSpan(_message.Message):
+    __slots__ = ("policy_version", "first_token")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    first_token: int
+    def __init__(self, policy_version: _Optional[int] = ..., first_token: _Optional[int] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("prompt_index", "sample_index", "token_ids", "logprobs", "finish_reason", "stop_string", "policy_version", "version_spans", "draft_version", "num_drafted", "num_accepted", "text", "num_prompt_tokens", "prompt_token_ids")
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRING_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    prompt_index: int
+    sample_index: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: FinishReason
+    stop_string: str
+    policy_version: int
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    draft_version: int
+    num_drafted: int
+    num_accepted: int
+    text: str
+    num_prompt_tokens: int
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PushHeader(_message.Message):
+    __slots__ = ("version", "target", "total_bytes", "sha256", "in_flight", "partial")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    target: WeightTarget
+    total_bytes: int
+    sha256: str
+    in_flight: InFlightMode
+    partial: bool
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "offset", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: PushHeader
+    chunk: TensorChunk
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class LoadWeightsRequest(_message.Message):
+    __slots__ = ("version", "target", "path", "in_flight", "partial")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    target: WeightTarget
+    path: str
+    in_flight: InFlightMode
+    partial: bool
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., path: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ...) -> None: ...
+
+class PushTimings(_message.Message):
+    __slots__ = ("receive_s", "validate_s", "apply_s", "pause_s", "total_s")
+    RECEIVE_S_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_S_FIELD_NUMBER: _ClassVar[int]
+    APPLY_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    receive_s: float
+    validate_s: float
+    apply_s: float
+    pause_s: float
+    total_s: float
+    def __init__(self, receive_s: _Optional[float] = ..., validate_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+
+class PushResult(_message.Message):
+    __slots__ = ("version", "target", "num_tensors", "num_bytes", "partial", "timings")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    target: WeightTarget
+    num_tensors: int
+    num_bytes: int
+    partial: bool
+    timings: PushTimings
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., num_tensors: _Optional[int] = ..., num_bytes: _Optional[int] = ..., partial: _Optional[bool] = ..., timings: _Optional[_Union[PushTimings, _Mapping]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineStatus(_message.Message):
+    __slots__ = ("id", "state", "location", "running_sequences", "policy_version", "draft_version", "samples_finished")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: EngineState
+    location: str
+    running_sequences: int
+    policy_version: int
+    draft_version: int
+    samples_finished: int
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., location: _Optional[str] = ..., running_sequences: _Optional[int] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., samples_finished: _Optional[int] = ...) -> None: ...
+
+class SpeculationStats(_message.Message):
+    __slots__ = ("policy_version", "draft_version", "num_drafted", "num_accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ACCEPTANCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PER_POSITION_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    draft_version: int
+    num_drafted: int
+    num_accepted: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position_acceptance: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_METHOD_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    policy_version: int
+    draft_version: int
+    speculation_method: str
+    num_speculative_tokens: int
+    engines: _containers.RepeatedCompositeFieldContainer[EngineStatus]
+    queue_depth: int
+    queue_capacity: int
+    tokens_per_second: float
+    samples_per_second: float
+    speculation: _containers.RepeatedCompositeFieldContainer[SpeculationStats]
+    ready: bool
+    uptime_s: float
+    samples_total: int
+    tokens_total: int
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    vocab_size: int
+    max_model_len: int
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,96 @@
+"""The `rollout-service` console script: serve, prepare-model, demo, check-stubs."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+
+def _serve_args(sub) -> None:
+    p = sub.add_parser("serve", help="run the gRPC service (and its HTTP port) in front of vLLM engines")
+    p.add_argument("--config", help="TOML or JSON config file (see README: Configuration)")
+    p.add_argument("--model", help="local Hugging Face model directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--engines", type=int, help="number of engines in this process's pool (default 1)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 picks a free one)")
+    p.add_argument("--http-port", type=int, help="HTTP port for /healthz /readyz /metrics /v1/status (default 8000)")
+    p.add_argument("--max-queue", type=int, help="sequences admitted at once before RESOURCE_EXHAUSTED")
+    p.add_argument("--max-model-len", type=int, help="context length per sequence (default 2048)")
+    p.add_argument("--max-num-seqs", type=int, help="sequences each engine batches at once (default 64)")
+    p.add_argument("--kv-cache-gb", type=float, help="KV cache per engine in GiB on CPU (default 2)")
+    p.add_argument("--dtype", help="auto, bfloat16, float16 or float32")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rollout-service", description="Rollout-as-a-service for RL trainers.")
+    ap.add_argument("--log-level", default=os.environ.get("ROLLOUT_LOG_LEVEL", "INFO"))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _serve_args(sub)
+    p = sub.add_parser("prepare-model", help="convert the packaged SmolLM2-135M-Instruct GGUF into a cached "
+                                             "Hugging Face directory (once, ~30 s)")
+    p.add_argument("--force", action="store_true", help="rebuild even when cached")
+    d = sub.add_parser("demo", help="start the service on the default model and stream a batch of samples")
+    d.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
+    d.add_argument("--prompts", type=int, default=8)
+    d.add_argument("--n", type=int, default=4)
+    d.add_argument("--max-tokens", type=int, default=96)
+    sub.add_parser("check-stubs", help="exit 1 when the committed gRPC stubs are stale")
+    return ap
+
+
+def resolve_model(model: str | None) -> str:
+    from rollout_service.models import is_model_dir, prepare_default_model
+
+    if not model:
+        return str(prepare_default_model())
+    from pathlib import Path
+
+    if not is_model_dir(Path(model)):
+        raise SystemExit(f"--model {model}: not a Hugging Face model directory (needs config.json and "
+                         "*.safetensors); nothing is downloaded from a hub")
+    return model
+
+
+def cmd_serve(args) -> int:
+    from rollout_service.config import ConfigError, load_config
+    from rollout_service.server.app import serve
+
+    try:
+        cfg = load_config(args.config, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+                          engines=args.engines, max_queue=args.max_queue,
+                          **{"engine.model": args.model, "engine.max_model_len": args.max_model_len,
+                             "engine.max_num_seqs": args.max_num_seqs, "engine.kv_cache_gb": args.kv_cache_gb,
+                             "engine.dtype": args.dtype})
+    except ConfigError as e:
+        print(f"rollout-service: {e}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(cfg, resolve_model(cfg.engine.model)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if args.cmd == "serve":
+        return cmd_serve(args)
+    if args.cmd == "prepare-model":
+        from rollout_service.models import prepare_default_model
+
+        print(prepare_default_model(force=args.force))
+        return 0
+    if args.cmd == "demo":
+        from rollout_service.demo import run_demo
+
+        return run_demo(resolve_model(args.model), args.prompts, args.n, args.max_tokens)
+    if args.cmd == "check-stubs":
+        from rollout_service.protogen import main as protogen_main
+
+        return protogen_main(["--check"])
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

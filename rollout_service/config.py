@@ -1,0 +1,91 @@
+"""Server configuration: one msgspec Struct, loaded from a TOML/JSON file and/or CLI flags.
+
+Unknown fields in a config file are rejected with a message naming them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+import msgspec
+
+
+class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """How each vLLM engine is built."""
+
+    model: str = ""                   # local HF model directory; "" = the embedded default model
+    dtype: str = "auto"               # "auto", "bfloat16", "float16" or "float32"
+    max_model_len: int = 2048         # context length (prompt + generated tokens)
+    max_num_seqs: int = 64            # sequences an engine batches at once
+    kv_cache_gb: float = 2.0          # KV cache per engine on CPU (VLLM_CPU_KVCACHE_SPACE)
+    gpu_memory_utilization: float = 0.85
+    enforce_eager: bool = True
+    seed: int = 0
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The whole server."""
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    http_port: int = 8000
+    engines: int = 1
+    max_queue: int = 1024             # sequences admitted (queued or running) before RESOURCE_EXHAUSTED
+    max_prompts_per_request: int = 256
+    max_samples_per_prompt: int = 64
+    max_message_mb: int = 64          # gRPC max receive/send message size
+    idempotency_ttl_s: float = 600.0  # how long finished requests are kept for replay
+    shutdown_grace_s: float = 5.0
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+
+
+class ConfigError(ValueError):
+    """A config file or flag is invalid; the message names the field."""
+
+
+def load_config(path: str | os.PathLike | None = None, **overrides) -> ServerConfig:
+    """Read `path` (TOML or JSON; optional), then apply non-None overrides (dotted keys allowed)."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        text = p.read_text()
+        try:
+            raw = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'json'}: {e}") from e
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        cfg = msgspec.convert(raw, ServerConfig)
+    except msgspec.ValidationError as e:
+        where = f"config file {path}" if path else "configuration"
+        raise ConfigError(f"{where}: {e}") from e
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: ServerConfig) -> None:
+    rules = [
+        (cfg.engines >= 1, "engines must be >= 1"),
+        (cfg.max_queue >= 1, "max_queue must be >= 1"),
+        (cfg.max_prompts_per_request >= 1, "max_prompts_per_request must be >= 1"),
+        (cfg.max_samples_per_prompt >= 1, "max_samples_per_prompt must be >= 1"),
+        (0 <= cfg.grpc_port < 65536 and 0 <= cfg.http_port < 65536, "ports must be in [0, 65535]"),
+        (cfg.engine.max_model_len >= 16, "engine.max_model_len must be >= 16"),
+        (cfg.engine.dtype in ("auto", "bfloat16", "float16", "float32"),
+         "engine.dtype must be one of auto, bfloat16, float16, float32"),
+        (cfg.engine.kv_cache_gb > 0, "engine.kv_cache_gb must be > 0"),
+    ]
+    for ok, msg in rules:
+        if not ok:
+            raise ConfigError(msg)

@@ -1,0 +1,38 @@
+"""What the pool needs from an engine. Implementations: VllmEngine (real), FakeEngine (unit tests)."""
+from __future__ import annotations
+
+import abc
+import enum
+
+from rollout_service.engine.types import SeqRequest, SeqResult
+
+
+class EngineState(enum.Enum):
+    STARTING = 1
+    READY = 2
+    PAUSED = 3
+    UNHEALTHY = 4
+    STOPPED = 5
+
+
+class Engine(abc.ABC):
+    """One inference engine. `generate` is cancellation-safe: cancelling it aborts the sequence."""
+
+    def __init__(self, engine_id: str):
+        self.id = engine_id
+        self.state = EngineState.STARTING
+        self.location = "local"
+        self.policy_version = 0
+        self.draft_version = 0
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model; on return the engine is READY."""
+
+    @abc.abstractmethod
+    async def generate(self, req: SeqRequest) -> SeqResult:
+        """Generate one sequence to completion."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the engine and every process it started."""

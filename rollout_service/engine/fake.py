@@ -1,0 +1,57 @@
+"""FakeEngine: a deterministic stand-in for unit tests of routing and bookkeeping only.
+
+Never used by integration tests, benchmarks or the demo (those run real vLLM).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.types import SeqRequest, SeqResult
+
+
+class FakeEngine(Engine):
+    def __init__(self, engine_id: str, *, vocab_size: int = 1000, step_s: float = 0.001,
+                 fail_after: int | None = None):
+        super().__init__(engine_id)
+        self.vocab_size = vocab_size
+        self.step_s = step_s
+        self.fail_after = fail_after     # raise on the N-th generate call (engine failure injection)
+        self.calls = 0
+        self.active: set[str] = set()    # sequences currently generating
+        self.aborted: list[str] = []
+        self.seen: list[SeqRequest] = []
+
+    async def start(self) -> None:
+        self.state = EngineState.READY
+
+    async def generate(self, req: SeqRequest) -> SeqResult:
+        self.calls += 1
+        self.seen.append(req)
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise RuntimeError("injected engine failure")
+        rng = random.Random(req.seed if req.seed is not None else random.random())
+        self.active.add(req.seq_id)
+        tokens: list[int] = []
+        try:
+            finish = "length"
+            for _ in range(req.max_tokens):
+                await asyncio.sleep(self.step_s)
+                tok = rng.randrange(self.vocab_size)
+                tokens.append(tok)
+                if tok in req.stop_token_ids:
+                    finish = "stop"
+                    break
+        except asyncio.CancelledError:
+            self.aborted.append(req.seq_id)
+            raise
+        finally:
+            self.active.discard(req.seq_id)
+        return SeqResult(token_ids=tokens, logprobs=[-math.log(self.vocab_size)] * len(tokens),
+                         finish_reason=finish, policy_version=self.policy_version,
+                         version_spans=[(self.policy_version, 0)], draft_version=self.draft_version)
+
+    async def shutdown(self) -> None:
+        self.state = EngineState.STOPPED

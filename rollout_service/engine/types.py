@@ -1,0 +1,34 @@
+"""Internal messages between the pool and its engines (msgspec Structs; unknown fields rejected)."""
+from __future__ import annotations
+
+import msgspec
+
+
+class SeqRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One sequence to generate: a single sample of one prompt."""
+
+    seq_id: str                      # unique within the server's lifetime (engine request id)
+    prompt_token_ids: list[int]      # [prompt_len]
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                   # 0: disabled
+    max_tokens: int = 128
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+class SeqResult(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A finished sequence."""
+
+    token_ids: list[int]             # [gen_len]
+    logprobs: list[float]            # [gen_len], processed distribution (after temperature/top-k/top-p)
+    finish_reason: str               # "stop" | "length" | "abort"
+    stop_string: str = ""
+    text: str = ""
+    policy_version: int = 0
+    version_spans: list[tuple[int, int]] = []   # (policy_version, first_token)
+    draft_version: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0

@@ -1,0 +1,169 @@
+"""A real vLLM engine (AsyncLLM, its EngineCore in a child process) behind the Engine interface."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rollout_service.config import EngineConfig
+from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.types import SeqRequest, SeqResult
+
+log = logging.getLogger(__name__)
+
+
+def prepare_cpu_environment(kv_cache_gb: float) -> None:
+    """Environment the engine's child processes inherit on CPU machines.
+
+    Preload the venv's Intel OpenMP (vLLM warns that speculative decoding is much slower without it) and
+    size the KV cache. Spawned children exec a fresh interpreter, so os.environ set here reaches them.
+    """
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    preload = os.environ.get("LD_PRELOAD", "")
+    if iomp.exists() and "libiomp" not in preload:
+        os.environ["LD_PRELOAD"] = f"{iomp}:{preload}" if preload else str(iomp)
+
+
+def _is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def resolve_dtype(dtype: str) -> str:
+    """"auto" on a CPU without native bf16 (no AVX512-BF16/AMX) means float32: measured on these
+    machines, bf16 runs 3x slower than float32 at batch 8 (oneDNN falls back to emulation)."""
+    if dtype != "auto" or not _is_cpu_platform():
+        return dtype
+    import torch
+
+    return "auto" if torch.cpu._is_avx512_bf16_supported() else "float32"
+
+
+class VllmEngine(Engine):
+    """One vLLM AsyncLLM. The policy version is vLLM's weight version, so spans come back per sample."""
+
+    def __init__(self, engine_id: str, model_path: str, cfg: EngineConfig):
+        super().__init__(engine_id)
+        self.model_path = model_path
+        self.cfg = cfg
+        self.llm = None
+
+    def engine_args(self):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        extra = {}
+        if _is_cpu_platform():
+            # vLLM bug on CPU: a seeded request whose prefill is split across steps (chunked prefill)
+            # kills the engine: gpu_model_runner._bookkeeping_sync rewinds the request's generator with
+            # `gen.set_offset(gen.get_offset() - 4)`, which only CUDA generators support ("CPU Generator
+            # does not use offset"). Without chunked prefill no prefill is split; every prompt still fits
+            # one step because the step budget is at least the context length.
+            # Covered by tests/integration/test_generate.py::test_seeded_long_prompt_batch.
+            extra = dict(enable_chunked_prefill=False,
+                         max_num_batched_tokens=max(self.cfg.max_model_len, 2048))
+        return AsyncEngineArgs(
+            **extra,
+            model=self.model_path,
+            tokenizer=self.model_path,
+            dtype=resolve_dtype(self.cfg.dtype),
+            max_model_len=self.cfg.max_model_len,
+            max_num_seqs=self.cfg.max_num_seqs,
+            enforce_eager=self.cfg.enforce_eager,
+            seed=self.cfg.seed,
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if _is_cpu_platform():
+            prepare_cpu_environment(self.cfg.kv_cache_gb)
+        self.state = EngineState.STARTING
+        log.info("%s: starting vLLM on %s", self.id, self.model_path)
+        self.llm = AsyncLLM.from_engine_args(self.engine_args())
+        await self.llm.update_weight_version(str(self.policy_version))
+        self.state = EngineState.READY
+        log.info("%s: ready", self.id)
+
+    def _sampling_params(self, req: SeqRequest):
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            max_tokens=req.max_tokens,
+            stop=list(req.stop) or None,
+            stop_token_ids=list(req.stop_token_ids) or None,
+            seed=req.seed,
+            ignore_eos=req.ignore_eos,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, req: SeqRequest) -> SeqResult:
+        if self.llm is None:
+            raise RuntimeError(f"{self.id} is not started")
+        final = None
+        try:
+            async for out in self.llm.generate(
+                {"prompt_token_ids": req.prompt_token_ids}, self._sampling_params(req), req.seq_id
+            ):
+                final = out
+        except asyncio.CancelledError:
+            # AsyncLLM.generate aborts on cancellation too; this makes sure the engine forgets it.
+            if not self.llm.errored:
+                await asyncio.shield(self.llm.abort(req.seq_id))
+            raise
+        except Exception:
+            if self.llm.errored:
+                self.state = EngineState.UNHEALTHY
+                log.error("%s: vLLM engine died; marked unhealthy", self.id)
+            raise
+        if final is None:
+            raise RuntimeError(f"{self.id} returned no output for {req.seq_id}")
+        return _to_result(final.outputs[0], self.policy_version, self.draft_version)
+
+    async def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+        self.state = EngineState.STOPPED
+
+
+def _to_result(comp, policy_version: int, draft_version: int) -> SeqResult:
+    """vLLM CompletionOutput -> SeqResult."""
+    token_ids = list(comp.token_ids)
+    logprobs = []
+    for pos, tok in enumerate(token_ids):
+        entry = comp.logprobs[pos]
+        logprobs.append(float(entry[tok].logprob))
+    spans = [(int(s.version), int(s.start)) for s in (comp.weight_versions or [])]
+    if not spans:
+        spans = [(policy_version, 0)]
+    drafted = accepted = 0
+    if comp.spec_decode_metrics is not None:
+        m = comp.spec_decode_metrics
+        drafted = int(m.num_draft_tokens)
+        accepted = sum(j * c for j, c in enumerate(m.histogram))
+    finish = comp.finish_reason or "abort"
+    return SeqResult(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason={"stop": "stop", "length": "length"}.get(finish, "abort"),
+        stop_string=comp.stop_reason if isinstance(comp.stop_reason, str) else "",
+        text=comp.text or "",
+        policy_version=spans[0][0],
+        version_spans=spans,
+        draft_version=draft_version,
+        num_drafted=drafted,
+        num_accepted=accepted,
+    )

@@ -1,0 +1,35 @@
+"""What the front end knows about the served model: its tokenizer, vocabulary and context length."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    vocab_size: int
+    max_model_len: int
+    tokenizer: object          # a transformers tokenizer
+
+    @classmethod
+    def load(cls, path: str, max_model_len: int) -> "ModelInfo":
+        from transformers import AutoTokenizer
+
+        config = json.loads((Path(path) / "config.json").read_text())
+        ctx = min(max_model_len, int(config.get("max_position_embeddings", max_model_len)))
+        return cls(path=path, vocab_size=int(config["vocab_size"]), max_model_len=ctx,
+                   tokenizer=AutoTokenizer.from_pretrained(path))
+
+    def encode(self, text: str, chat: bool) -> list[int]:
+        if chat:
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                     add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

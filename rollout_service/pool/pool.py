@@ -1,0 +1,156 @@
+"""EnginePool: the data plane's middle. Admission (bounded), routing (a prompt's whole group to one
+engine, least-loaded first), per-sequence tasks, and the bookkeeping GetStatus reports."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.types import SeqRequest
+from rollout_service.errors import ServiceError, unavailable
+from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
+from rollout_service.pool.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class EnginePool:
+    def __init__(self, engines: list[Engine], *, max_queue: int, idempotency_ttl_s: float = 600.0):
+        if not engines:
+            raise ValueError("a pool needs at least one engine")
+        self.engines = engines
+        self.max_queue = max_queue
+        self.requests = RequestRegistry(idempotency_ttl_s)
+        self.telemetry = Telemetry()
+        self.depth = 0                                   # sequences admitted and not finished
+        self.load = {e.id: 0 for e in engines}           # sequences assigned per engine
+        self.finished = {e.id: 0 for e in engines}
+        self.closing = False
+        self.live: set[RequestRecord] = set()            # unfinished requests, with or without an id
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for e in self.engines:       # one at a time: engine start is CPU-bound
+            await e.start()
+
+    async def shutdown(self) -> None:
+        """Fail every unfinished request with UNAVAILABLE, then stop the engines."""
+        self.closing = True
+        for rec in list(self.live):
+            self._fail(rec, unavailable("the server is shutting down; retry the request against a running server"))
+        await asyncio.sleep(0)
+        for e in self.engines:
+            try:
+                await e.shutdown()
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                log.exception("%s: shutdown failed", e.id)
+
+    @property
+    def ready(self) -> bool:
+        return not self.closing and all(e.state is EngineState.READY for e in self.engines)
+
+    @property
+    def policy_version(self) -> int:
+        return min(e.policy_version for e in self.engines)
+
+    @property
+    def draft_version(self) -> int:
+        return min(e.draft_version for e in self.engines)
+
+    # ---- data plane ------------------------------------------------------------------------------
+    def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]]) -> RequestRecord:
+        """Admit a request (groups[p] = the samples of prompt p) or return the record it retries."""
+        if self.closing:
+            raise unavailable("the server is shutting down; retry the request against a running server")
+        existing = self.requests.get(request_id) if request_id else None
+        if existing is not None:
+            if existing.fingerprint != fingerprint:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"request_id {request_id!r} was already used for a different request; "
+                                   "use a new request_id for new work")
+            return existing
+        count = sum(len(g) for g in groups)
+        if self.depth + count > self.max_queue:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"queue full: {self.depth} sequences admitted, this request adds {count}, "
+                               f"max_queue is {self.max_queue}; retry later with backoff or send fewer prompts")
+        ready = [e for e in self.engines if e.state is EngineState.READY]
+        if not ready:
+            raise unavailable("no engine is ready to serve (starting or unhealthy); retry shortly")
+        rec = RequestRecord(request_id=request_id, fingerprint=fingerprint, expected=count)
+        admitted = time.monotonic()
+        for p, group in enumerate(groups):
+            engine = min(ready, key=lambda e: self.load[e.id])   # the whole group on one engine
+            self.load[engine.id] += len(group)
+            for s, seq in enumerate(group):
+                self.depth += 1
+                slot = _Slot(engine.id)
+                task = asyncio.create_task(self._run(rec, engine, p, s, seq, admitted, slot))
+                # also on completion: a task cancelled before it ever ran still releases its slot
+                task.add_done_callback(lambda _t, sl=slot: self._release(sl))
+                rec.tasks.append(task)
+        self.telemetry.m_queue.set(self.depth)
+        self.live.add(rec)
+        if request_id:
+            self.requests.put(rec)
+        return rec
+
+    def _release(self, slot: "_Slot") -> None:
+        if slot.released:
+            return
+        slot.released = True
+        self.depth -= 1
+        self.load[slot.engine_id] -= 1
+        self.telemetry.m_queue.set(self.depth)
+
+    async def _run(self, rec: RequestRecord, engine: Engine, p: int, s: int, seq: SeqRequest,
+                   admitted: float, slot: "_Slot") -> None:
+        try:
+            result = await engine.generate(seq)
+        except ServiceError as e:
+            self._fail(rec, e)
+            return
+        except Exception as e:  # noqa: BLE001 - an engine failure fails this request, not the server
+            log.exception("%s failed on %s", engine.id, seq.seq_id)
+            self._fail(rec, unavailable(f"engine {engine.id} failed while generating ({type(e).__name__}: {e}); "
+                                        "retry the request"))
+            return
+        finally:
+            self._release(slot)
+        self.finished[engine.id] += 1
+        self.telemetry.sample_finished(len(result.token_ids), result.finish_reason, time.monotonic() - admitted,
+                                       result.policy_version, result.draft_version,
+                                       result.num_drafted, result.num_accepted)
+        rec.add(IndexedResult(p, s, result))
+        if len(rec.results) == rec.expected:
+            rec.finish()
+            self.live.discard(rec)
+
+    def _fail(self, rec: RequestRecord, error: ServiceError) -> None:
+        rec.finish(error)
+        rec.cancel()
+        self.live.discard(rec)
+
+    def attach(self, rec: RequestRecord) -> None:
+        rec.readers += 1
+
+    def detach(self, rec: RequestRecord) -> None:
+        """A reader left. The last reader leaving an unfinished request aborts its sequences."""
+        rec.readers -= 1
+        if rec.readers == 0 and not rec.done:
+            self._fail(rec, ServiceError(grpc.StatusCode.CANCELLED, "cancelled by the client"))
+            if rec.request_id:
+                self.requests.drop(rec.request_id)   # a later retry runs it again
+
+
+class _Slot:
+    """One admitted sequence's place in the queue and on its engine; released exactly once."""
+
+    __slots__ = ("engine_id", "released")
+
+    def __init__(self, engine_id: str):
+        self.engine_id = engine_id
+        self.released = False

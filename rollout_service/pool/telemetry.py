@@ -1,0 +1,70 @@
+"""Counters the pool keeps for GetStatus and /metrics (one place; the HTTP layer only formats them)."""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+WINDOW_S = 60.0
+
+
+@dataclass
+class SpecCounts:
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0                                   # verify steps with speculation (if known)
+    per_position: list[int] = field(default_factory=list)   # accepted at draft position i (if known)
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.samples_total = 0
+        self.tokens_total = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens)
+        self.spec: dict[tuple[int, int], SpecCounts] = {}
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.m_requests = Counter("rollout_generate_requests", "Generate requests by final status code",
+                                  ["code"], registry=r)
+        self.m_samples = Counter("rollout_samples", "Samples finished", ["finish_reason"], registry=r)
+        self.m_tokens = Counter("rollout_generated_tokens", "Generated tokens", registry=r)
+        self.m_queue = Gauge("rollout_queue_depth", "Sequences admitted and not finished", registry=r)
+        self.m_policy = Gauge("rollout_policy_version", "Serving policy version", registry=r)
+        self.m_draft = Gauge("rollout_draft_version", "Serving drafter version", registry=r)
+        self.m_latency = Histogram("rollout_sample_seconds", "Time from admission to a sample finishing",
+                                   buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120, 300), registry=r)
+        self.m_drafted = Counter("rollout_spec_drafted_tokens", "Draft tokens proposed",
+                                 ["policy_version", "draft_version"], registry=r)
+        self.m_accepted = Counter("rollout_spec_accepted_tokens", "Draft tokens accepted",
+                                  ["policy_version", "draft_version"], registry=r)
+
+    def sample_finished(self, n_tokens: int, finish_reason: str, latency_s: float, policy_version: int,
+                        draft_version: int, drafted: int, accepted: int) -> None:
+        now = time.monotonic()
+        self.samples_total += 1
+        self.tokens_total += n_tokens
+        self._recent.append((now, n_tokens))
+        self.m_samples.labels(finish_reason).inc()
+        self.m_tokens.inc(n_tokens)
+        self.m_latency.observe(latency_s)
+        if drafted:
+            c = self.spec.setdefault((policy_version, draft_version), SpecCounts())
+            c.drafted += drafted
+            c.accepted += accepted
+            labels = (str(policy_version), str(draft_version))
+            self.m_drafted.labels(*labels).inc(drafted)
+            self.m_accepted.labels(*labels).inc(accepted)
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens/s, samples/s) over the last WINDOW_S seconds (or since start, if shorter)."""
+        now = time.monotonic()
+        while self._recent and now - self._recent[0][0] > WINDOW_S:
+            self._recent.popleft()
+        span = min(WINDOW_S, max(now - self.started, 1e-9))
+        return sum(t for _, t in self._recent) / span, len(self._recent) / span
+
+    def uptime(self) -> float:
+        return time.monotonic() - self.started

@@ -1,0 +1,98 @@
+"""Assemble and run the service: engines -> pool -> gRPC servicer (+ health, reflection) and HTTP port.
+
+Shutdown (SIGTERM/SIGINT): stop admitting, fail in-flight streams with UNAVAILABLE, stop the gRPC and
+HTTP servers within the grace period, then shut the engines down (their child processes exit).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from rollout_service.api import pb, pb_grpc
+from rollout_service.config import ServerConfig
+from rollout_service.engine.base import Engine
+from rollout_service.model_info import ModelInfo
+from rollout_service.pool.pool import EnginePool
+from rollout_service.server.grpc_service import RolloutServicer
+from rollout_service.server.http_app import build_http_app
+from rollout_service.validation import Limits
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
+
+
+def make_vllm_engines(cfg: ServerConfig, model_path: str) -> list[Engine]:
+    from rollout_service.engine.vllm_engine import VllmEngine
+
+    return [VllmEngine(f"engine-{i}", model_path, cfg.engine) for i in range(cfg.engines)]
+
+
+class RolloutServer:
+    def __init__(self, cfg: ServerConfig, model: ModelInfo, engines: list[Engine]):
+        self.cfg = cfg
+        self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s)
+        self.servicer = RolloutServicer(self.pool, model, Limits(cfg.max_prompts_per_request,
+                                                                 cfg.max_samples_per_prompt))
+        self.health = health.aio.HealthServicer()
+        limit = cfg.max_message_mb * 1024 * 1024
+        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                             ("grpc.max_send_message_length", limit)])
+        pb_grpc.add_RolloutServiceServicer_to_server(self.servicer, self.grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), self.grpc)
+        self.grpc_port = self.grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        if self.grpc_port == 0:
+            raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.grpc_port} (port in use?)")
+        self.http = uvicorn.Server(uvicorn.Config(build_http_app(self.servicer), host=cfg.host,
+                                                  port=cfg.http_port, log_level="warning", lifespan="off"))
+        self._stop = asyncio.Event()
+
+    async def start(self) -> None:
+        """Bind ports first (health says NOT_SERVING), then start engines, then report SERVING."""
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.grpc.start()
+        self._http_task = asyncio.create_task(self.http.serve())
+        log.info("gRPC on %s:%d, HTTP on %s:%d; starting %d engine(s)", self.cfg.host, self.grpc_port,
+                 self.cfg.host, self.cfg.http_port, len(self.pool.engines))
+        await self.pool.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %s (policy version %d)", self.servicer.model.path, self.pool.policy_version)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_and_stop(self) -> None:
+        await self._stop.wait()
+        log.info("shutting down: failing in-flight requests with UNAVAILABLE, stopping engines")
+        await self.health.enter_graceful_shutdown()
+        await self.pool.shutdown()
+        await self.grpc.stop(self.cfg.shutdown_grace_s)
+        self.http.should_exit = True
+        await self._http_task
+        log.info("stopped")
+
+
+async def serve(cfg: ServerConfig, model_path: str, engines: list[Engine] | None = None) -> None:
+    model = ModelInfo.load(model_path, cfg.engine.max_model_len)
+    server = RolloutServer(cfg, model, engines or make_vllm_engines(cfg, model_path))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_stop)
+    stopper = asyncio.create_task(server.wait_and_stop())
+    try:
+        await server.start()
+    except BaseException:
+        server.request_stop()
+        await stopper
+        raise
+    await stopper

@@ -1,0 +1,53 @@
+"""Internal structs -> proto messages (the servicer stays thin)."""
+from __future__ import annotations
+
+from rollout_service.api import pb
+from rollout_service.engine.base import EngineState
+from rollout_service.pool.pool import EnginePool
+from rollout_service.pool.requests import IndexedResult
+
+FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+STATE = {
+    EngineState.STARTING: pb.ENGINE_STATE_STARTING, EngineState.READY: pb.ENGINE_STATE_READY,
+    EngineState.PAUSED: pb.ENGINE_STATE_PAUSED, EngineState.UNHEALTHY: pb.ENGINE_STATE_UNHEALTHY,
+    EngineState.STOPPED: pb.ENGINE_STATE_STOPPED,
+}
+
+
+def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: bool, with_text: bool) -> pb.Sample:
+    r = item.result
+    return pb.Sample(
+        prompt_index=item.prompt_index, sample_index=item.sample_index, token_ids=r.token_ids,
+        logprobs=r.logprobs, finish_reason=FINISH[r.finish_reason], stop_string=r.stop_string,
+        policy_version=r.policy_version,
+        version_spans=[pb.VersionSpan(policy_version=v, first_token=t) for v, t in r.version_spans],
+        draft_version=r.draft_version, num_drafted=r.num_drafted, num_accepted=r.num_accepted,
+        text=r.text if with_text else "", num_prompt_tokens=len(prompt_ids),
+        prompt_token_ids=prompt_ids if send_prompt else [],
+    )
+
+
+def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len: int,
+                    spec_method: str = "none", k: int = 0) -> pb.Status:
+    t = pool.telemetry
+    tok_s, smp_s = t.rates()
+    spec = []
+    for (pv, dv), c in sorted(t.spec.items()):
+        rate = c.accepted / c.drafted if c.drafted else 0.0
+        mean_len = 1.0 + (c.accepted / c.steps if c.steps else (rate * k if k else 0.0))
+        spec.append(pb.SpeculationStats(
+            policy_version=pv, draft_version=dv, num_drafted=c.drafted, num_accepted=c.accepted,
+            acceptance_rate=rate, mean_acceptance_length=mean_len,
+            per_position_acceptance=[a / c.steps for a in c.per_position] if c.steps else []))
+    return pb.Status(
+        model=model, policy_version=pool.policy_version, draft_version=pool.draft_version,
+        speculation_method=spec_method, num_speculative_tokens=k,
+        engines=[pb.EngineStatus(id=e.id, state=STATE[e.state], location=e.location,
+                                 running_sequences=pool.load[e.id], policy_version=e.policy_version,
+                                 draft_version=e.draft_version, samples_finished=pool.finished[e.id])
+                 for e in pool.engines],
+        queue_depth=pool.depth, queue_capacity=pool.max_queue, tokens_per_second=tok_s,
+        samples_per_second=smp_s, speculation=spec, ready=pool.ready, uptime_s=t.uptime(),
+        samples_total=t.samples_total, tokens_total=t.tokens_total, vocab_size=vocab_size,
+        max_model_len=max_model_len,
+    )

@@ -1,0 +1,49 @@
+"""The HTTP side port: liveness, readiness, Prometheus metrics and a JSON status (FastAPI)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from google.protobuf.json_format import MessageToDict
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    """The process is alive and answering."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(request: Request, response: Response) -> dict:
+    """Every engine is ready to serve (503 while starting, shutting down or with an unhealthy engine)."""
+    pool = request.app.state.servicer.pool
+    if not pool.ready:
+        response.status_code = 503
+        return {"status": "not ready", "engines": {e.id: e.state.name for e in pool.engines}}
+    return {"status": "ready"}
+
+
+@router.get("/metrics")
+def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    servicer = request.app.state.servicer
+    t = servicer.pool.telemetry
+    t.m_policy.set(servicer.pool.policy_version)
+    t.m_draft.set(servicer.pool.draft_version)
+    return Response(generate_latest(t.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/status")
+def status(request: Request) -> dict:
+    """The same content as the GetStatus RPC, as JSON."""
+    return MessageToDict(request.app.state.servicer.status(), preserving_proto_field_name=True,
+                         always_print_fields_with_no_presence=True)
+
+
+def build_http_app(servicer) -> FastAPI:
+    app = FastAPI(title="rollout-service", docs_url=None, redoc_url=None)
+    app.state.servicer = servicer
+    app.include_router(router)
+    return app

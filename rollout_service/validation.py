@@ -1,0 +1,105 @@
+"""GenerateRequest (proto) -> checked internal sequences. Every rejection names the field at fault."""
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+
+from rollout_service.api import pb
+from rollout_service.engine.types import SeqRequest
+from rollout_service.errors import invalid
+from rollout_service.model_info import ModelInfo
+
+DEFAULT_MAX_TOKENS = 128
+_SEED_MOD = 2**63 - 1
+
+
+@dataclass
+class Limits:
+    max_prompts_per_request: int
+    max_samples_per_prompt: int
+
+
+@dataclass
+class CheckedRequest:
+    request_id: str               # "" when the client gave none (no deduplication)
+    fingerprint: bytes
+    groups: list[list[SeqRequest]]   # groups[prompt_index][sample_index]
+    prompt_token_ids: list[list[int]]
+    text_prompts: set[int]        # prompt indices that arrived as text
+
+
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """Seed of sample s of prompt p: distinct per sample, reproducible from the request's seed."""
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}:{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % _SEED_MOD
+
+
+def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) -> CheckedRequest:
+    rid = req.request_id
+    if len(rid) > 128 or not all(32 < ord(c) < 127 for c in rid):
+        raise invalid("request_id: at most 128 printable ASCII characters without spaces")
+    if not req.prompts:
+        raise invalid("prompts: at least one prompt is required")
+    if len(req.prompts) > limits.max_prompts_per_request:
+        raise invalid(f"prompts: {len(req.prompts)} prompts exceed max_prompts_per_request="
+                      f"{limits.max_prompts_per_request}; split the batch")
+    n = req.n or 1
+    if n < 1:
+        raise invalid(f"n: must be >= 1, got {req.n}")
+    if n > limits.max_samples_per_prompt:
+        raise invalid(f"n: {n} exceeds max_samples_per_prompt={limits.max_samples_per_prompt}")
+
+    sp = req.sampling
+    temperature = sp.temperature if sp.HasField("temperature") else 1.0
+    top_p = sp.top_p if sp.HasField("top_p") else 1.0
+    top_k = sp.top_k if sp.HasField("top_k") else 0
+    max_tokens = sp.max_tokens if sp.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+    if not temperature >= 0 or temperature != temperature:
+        raise invalid(f"sampling.temperature: must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise invalid(f"sampling.top_p: must be in (0, 1], got {top_p}")
+    if top_k < -1:
+        raise invalid(f"sampling.top_k: must be -1 or 0 (disabled) or >= 1, got {top_k}")
+    if max_tokens < 1:
+        raise invalid(f"sampling.max_tokens: must be >= 1, got {max_tokens}")
+    if any(s == "" for s in sp.stop):
+        raise invalid("sampling.stop: stop strings must be non-empty")
+    for t in sp.stop_token_ids:
+        if not 0 <= t < model.vocab_size:
+            raise invalid(f"sampling.stop_token_ids: {t} is outside the vocabulary [0, {model.vocab_size})")
+    if req.min_policy_version < 0:
+        raise invalid(f"min_policy_version: must be >= 0, got {req.min_policy_version}")
+
+    prompts: list[list[int]] = []
+    text_prompts: set[int] = set()
+    for i, p in enumerate(req.prompts):
+        if p.token_ids and p.text:
+            raise invalid(f"prompts[{i}]: set either token_ids or text, not both")
+        if p.text:
+            ids = model.encode(p.text, chat=p.apply_chat_template)
+            text_prompts.add(i)
+        else:
+            ids = list(p.token_ids)
+        if not ids:
+            raise invalid(f"prompts[{i}]: empty prompt (no token_ids and no text)")
+        bad = next((t for t in ids if not 0 <= t < model.vocab_size), None)
+        if bad is not None:
+            raise invalid(f"prompts[{i}].token_ids: {bad} is outside the vocabulary [0, {model.vocab_size})")
+        if len(ids) + max_tokens > model.max_model_len:
+            raise invalid(f"prompts[{i}]: {len(ids)} prompt tokens + sampling.max_tokens={max_tokens} exceed "
+                          f"the context length {model.max_model_len}; shorten the prompt or lower max_tokens")
+        prompts.append(ids)
+
+    base = rid or uuid.uuid4().hex
+    seed = sp.seed if sp.HasField("seed") else None
+    groups = [
+        [SeqRequest(seq_id=f"{base}-{uuid.uuid4().hex[:8]}-{pi}-{si}", prompt_token_ids=ids,
+                    temperature=temperature, top_p=top_p, top_k=max(top_k, 0), max_tokens=max_tokens,
+                    stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids),
+                    seed=None if seed is None else sample_seed(seed, pi, si), ignore_eos=sp.ignore_eos)
+         for si in range(n)]
+        for pi, ids in enumerate(prompts)
+    ]
+    fingerprint = hashlib.sha256(req.SerializeToString(deterministic=True)).digest()
+    return CheckedRequest(rid, fingerprint, groups, prompts, text_prompts)

@@ -1,0 +1,58 @@
+"""Bad input gets INVALID_ARGUMENT naming the field, and the service goes on serving."""
+import grpc
+import pytest
+
+from rollout_client import build_request
+from rollout_service.api import pb
+
+GOOD = [[1, 2, 3]]
+
+BAD = [
+    ("no prompts", dict(prompts=[]), "prompts"),
+    ("empty prompt", dict(prompts=[[]]), "prompts[0]"),
+    ("token id above vocab", dict(prompts=[[1, 49152]]), "prompts[0].token_ids"),
+    ("negative token id", dict(prompts=[[1, -5]]), "prompts[0].token_ids"),
+    ("prompt + max_tokens beyond context", dict(prompts=[[1] * 500], max_tokens=100), "context length"),
+    ("negative temperature", dict(temperature=-0.5), "sampling.temperature"),
+    ("top_p zero", dict(top_p=0.0), "sampling.top_p"),
+    ("top_p above one", dict(top_p=1.5), "sampling.top_p"),
+    ("top_k below -1", dict(top_k=-3), "sampling.top_k"),
+    ("max_tokens zero", dict(max_tokens=0), "sampling.max_tokens"),
+    ("n negative", dict(n=-2), "n:"),
+    ("n above limit", dict(n=1000), "max_samples_per_prompt"),
+    ("oversize batch", dict(prompts=[[1, 2]] * 300), "max_prompts_per_request"),
+    ("empty stop string", dict(stop=[""]), "sampling.stop"),
+    ("bad request id", dict(request_id="has space"), "request_id"),
+    ("negative min_policy_version", dict(min_policy_version=-1), "min_policy_version"),
+]
+
+
+@pytest.mark.parametrize("case,kwargs,field", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_invalid_argument_naming_the_field(client, case, kwargs, field):
+    prompts = kwargs.pop("prompts", GOOD)
+    with pytest.raises(grpc.RpcError) as e:
+        list(client.stub.Generate(build_request(prompts, **kwargs)))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert field in e.value.details()
+    # and the service still serves
+    assert len(list(client.generate(GOOD, n=1, max_tokens=2))) == 1
+
+
+def test_prompt_with_both_text_and_tokens_is_rejected(client):
+    req = pb.GenerateRequest(prompts=[pb.Prompt(token_ids=[1, 2], text="hi")])
+    with pytest.raises(grpc.RpcError) as e:
+        list(client.stub.Generate(req))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompts[0]" in e.value.details()
+
+
+def test_min_policy_version_above_serving_is_failed_precondition(client):
+    with pytest.raises(grpc.RpcError) as e:
+        list(client.generate(GOOD, max_tokens=2, min_policy_version=5))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "min_policy_version=5" in e.value.details() and "policy version 0" in e.value.details()
+
+
+def test_weight_rpcs_answer_unimplemented_for_now(client):
+    with pytest.raises(grpc.RpcError) as e:
+        client.stub.LoadWeights(pb.LoadWeightsRequest(version=1, path="/nonexistent"))
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED

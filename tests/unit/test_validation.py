@@ -1,0 +1,58 @@
+import grpc
+import pytest
+
+from rollout_client import build_request
+from rollout_service.errors import ServiceError
+from rollout_service.model_info import ModelInfo
+from rollout_service.validation import Limits, check_generate, sample_seed
+
+
+class WordTokenizer:
+    """Splits on spaces; enough to test text prompts without a real tokenizer."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [len(w) for w in text.split()]}
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return [1] + self(messages[0]["content"])["input_ids"] + [2]
+
+
+MODEL = ModelInfo(path="m", vocab_size=100, max_model_len=256, tokenizer=WordTokenizer())
+LIMITS = Limits(max_prompts_per_request=4, max_samples_per_prompt=8)
+
+
+def check(prompts, **kw):
+    return check_generate(build_request(prompts, **kw), MODEL, LIMITS)
+
+
+def test_groups_defaults_and_seeds():
+    c = check([[1, 2], "a bb ccc"], n=3, seed=5, max_tokens=10, chat=True)
+    assert len(c.groups) == 2 and all(len(g) == 3 for g in c.groups)
+    assert c.prompt_token_ids[1] == [1, 1, 2, 3, 2] and c.text_prompts == {1}
+    s = c.groups[0][0]
+    assert (s.temperature, s.top_p, s.top_k, s.max_tokens) == (1.0, 1.0, 0, 10)
+    seeds = {q.seed for g in c.groups for q in g}
+    assert len(seeds) == 6 and s.seed == sample_seed(5, 0, 0)
+    assert len({q.seq_id for g in c.groups for q in g}) == 6
+    assert check([[1]]).groups[0][0].seed is None
+
+
+def test_fingerprint_identifies_content():
+    a = check([[1, 2]], request_id="x", seed=1)
+    assert a.fingerprint == check([[1, 2]], request_id="x", seed=1).fingerprint
+    assert a.fingerprint != check([[1, 3]], request_id="x", seed=1).fingerprint
+
+
+@pytest.mark.parametrize("prompts,kw,needle", [
+    ([[1, 100]], {}, "outside the vocabulary [0, 100)"),
+    ([[1] * 250], {"max_tokens": 10}, "context length 256"),
+    ([[1]] * 5, {}, "max_prompts_per_request=4"),
+    ([[1]], {"n": 9}, "max_samples_per_prompt=8"),
+    ([[1]], {"temperature": float("nan")}, "sampling.temperature"),
+    ([[1]], {"stop_token_ids": [100]}, "sampling.stop_token_ids"),
+    ([""], {}, "prompts[0]: empty prompt"),
+])
+def test_rejections_name_the_field(prompts, kw, needle):
+    with pytest.raises(ServiceError) as e:
+        check(prompts, **kw)
+    assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.message
