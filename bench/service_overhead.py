@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 PROMPT_TEXT = "Solve step by step: a farmer has {a} apples and buys {b} more. How many apples does he have?"
 

@@ -78,6 +78,7 @@ class VllmEngine(Engine):
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            worker_extension_cls="rollout_service.engine.worker_ext.RolloutWorkerExtension",
         )
 
     async def start(self) -> None:

@@ -1,0 +1,1 @@
+"""The control plane: weights arrive (stream or path) -> staged -> validated -> committed on every engine."""

@@ -1,0 +1,50 @@
+"""What a push may contain: the served checkpoint's tensor names, shapes and dtypes (read from the
+safetensors headers only; nothing is loaded)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# safetensors header dtype names <-> the names the contract uses
+ST_TO_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: str                 # contract dtype name ("bfloat16", ...)
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Manifest:
+    tensors: dict[str, TensorSpec]
+    ignored: frozenset[str]    # names a trainer's state_dict carries that the checkpoint does not (tied lm_head)
+    serving_dtype: str         # the dtype the engine computes in (a push may also use this dtype)
+
+    def allowed_dtypes(self, name: str) -> set[str]:
+        return {self.tensors[name].dtype, self.serving_dtype}
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors file at {path}")
+    return files
+
+
+def read_manifest(model_dir: str | Path, serving_dtype: str) -> Manifest:
+    model_dir = Path(model_dir)
+    tensors: dict[str, TensorSpec] = {}
+    for f in safetensors_files(model_dir):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            tensors[name] = TensorSpec(ST_TO_DTYPE.get(meta["dtype"], meta["dtype"].lower()), tuple(meta["shape"]))
+    config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").exists() else {}
+    ignored = frozenset({"lm_head.weight"}) if config.get("tie_word_embeddings") and \
+        "lm_head.weight" not in tensors else frozenset()
+    return Manifest(tensors, ignored, serving_dtype)
