@@ -5,7 +5,8 @@ from typing import AsyncIterator, Iterator
 
 import grpc
 
-from rollout_client.types import Sample, build_request
+from rollout_client.types import PushResult, Sample, build_request
+from rollout_client.weights import MODES, push_stream
 from rollout_service.api import pb, pb_grpc
 
 _MB = 1024 * 1024
@@ -25,6 +26,7 @@ class RolloutClient:
     """
 
     def __init__(self, target: str, *, max_message_mb: int = 64):
+        self._target = target
         self.channel = grpc.insecure_channel(target, options=_channel_options(max_message_mb))
         self.stub = pb_grpc.RolloutServiceStub(self.channel)
 
@@ -46,6 +48,31 @@ class RolloutClient:
 
     def status(self, timeout: float | None = 10.0) -> pb.Status:
         return self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+    def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
+                     chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+        """Push policy weights (an nn.Module or a name->tensor dict), streamed in chunks.
+
+        mode: what in-flight samples do at commit: "wait" (sync RL), "keep" (async RL), "abort".
+        dtype: cast tensors while sending (e.g. torch.bfloat16 to match a bf16 checkpoint).
+        """
+        stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
+                             chunk_bytes=chunk_bytes)
+        return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout))
+
+    def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
+                     chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+        """Push drafter weights (versioned independently of the policy)."""
+        stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
+                             chunk_bytes=chunk_bytes)
+        return PushResult.from_proto(self.stub.UpdateDraft(stream, timeout=timeout))
+
+    def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
+                     partial: bool = False, timeout: float | None = None) -> PushResult:
+        """Have the server load safetensors from `path` (a file or directory it can read)."""
+        req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
+                                    target=pb.TARGET_DRAFTER if target == "drafter" else pb.TARGET_POLICY)
+        return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout))
 
     def close(self) -> None:
         self.channel.close()
@@ -86,6 +113,24 @@ class AsyncRolloutClient:
 
     async def status(self, timeout: float | None = 10.0) -> pb.Status:
         return await self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+    async def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
+                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+        stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
+                             chunk_bytes=chunk_bytes)
+        return PushResult.from_proto(await self.stub.PushWeights(stream, timeout=timeout))
+
+    async def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
+                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+        stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
+                             chunk_bytes=chunk_bytes)
+        return PushResult.from_proto(await self.stub.UpdateDraft(stream, timeout=timeout))
+
+    async def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
+                           partial: bool = False, timeout: float | None = None) -> PushResult:
+        req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
+                                    target=pb.TARGET_DRAFTER if target == "drafter" else pb.TARGET_POLICY)
+        return PushResult.from_proto(await self.stub.LoadWeights(req, timeout=timeout))
 
     async def close(self) -> None:
         await self.channel.close()

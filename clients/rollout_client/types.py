@@ -62,3 +62,25 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
             setattr(sp, name, value)
     return pb.GenerateRequest(request_id=request_id, prompts=items, n=n, sampling=sp,
                               min_policy_version=min_policy_version, return_text=return_text)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """A committed weight or drafter push."""
+
+    version: int
+    target: str                  # "policy" | "drafter"
+    num_tensors: int
+    num_bytes: int
+    partial: bool
+    receive_s: float
+    validate_s: float
+    apply_s: float
+    pause_s: float
+    total_s: float
+
+    @classmethod
+    def from_proto(cls, m: pb.PushResult) -> "PushResult":
+        t = m.timings
+        return cls(m.version, "drafter" if m.target == pb.TARGET_DRAFTER else "policy", m.num_tensors, m.num_bytes,
+                   m.partial, t.receive_s, t.validate_s, t.apply_s, t.pause_s, t.total_s)

@@ -36,3 +36,20 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> None:
         """Stop the engine and every process it started."""
+
+    # ---- control plane: used only by weights.committer, under its lock ----------------------------
+    @abc.abstractmethod
+    async def pause(self, mode: str) -> None:
+        """Stop generating: "abort" in-flight sequences, "wait" for them, or "keep" them paused."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Continue generating (kept sequences continue under the weights now loaded)."""
+
+    @abc.abstractmethod
+    async def load_weights(self, path: str, target: str) -> None:
+        """Load the tensors of a safetensors file into the "policy" or the "drafter" (engine paused)."""
+
+    @abc.abstractmethod
+    async def set_versions(self, policy_version: int, draft_version: int) -> None:
+        """Label what the engine now serves; samples carry these from the next step on."""

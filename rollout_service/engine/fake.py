@@ -23,6 +23,9 @@ class FakeEngine(Engine):
         self.active: set[str] = set()    # sequences currently generating
         self.aborted: list[str] = []
         self.seen: list[SeqRequest] = []
+        self.events: list[tuple] = []     # control-plane calls, in order
+        self.weights: dict = {}           # tensors loaded by load_weights
+        self.fail_load = 0                # fail the next N load_weights calls
 
     async def start(self) -> None:
         self.state = EngineState.READY
@@ -55,3 +58,25 @@ class FakeEngine(Engine):
 
     async def shutdown(self) -> None:
         self.state = EngineState.STOPPED
+
+    async def pause(self, mode: str) -> None:
+        self.events.append(("pause", mode))
+        self.state = EngineState.PAUSED
+
+    async def resume(self) -> None:
+        self.events.append(("resume",))
+        self.state = EngineState.READY
+
+    async def load_weights(self, path: str, target: str) -> None:
+        self.events.append(("load", target))
+        if self.fail_load:
+            self.fail_load -= 1
+            raise RuntimeError("injected load failure")
+        from safetensors import safe_open
+
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                self.weights[name] = f.get_tensor(name)
+
+    async def set_versions(self, policy_version: int, draft_version: int) -> None:
+        self.policy_version, self.draft_version = policy_version, draft_version

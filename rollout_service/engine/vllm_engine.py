@@ -133,6 +133,23 @@ class VllmEngine(Engine):
             raise RuntimeError(f"{self.id} returned no output for {req.seq_id}")
         return _to_result(final.outputs[0], self.policy_version, self.draft_version)
 
+    async def pause(self, mode: str) -> None:
+        # clear_cache: KV computed under the old weights must not be reused; kept sequences are re-prefilled
+        # under the new weights when they resume (vLLM preempts them).
+        self.state = EngineState.PAUSED
+        await self.llm.pause_generation(mode=mode, clear_cache=True)
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+        self.state = EngineState.READY
+
+    async def load_weights(self, path: str, target: str) -> None:
+        await self.llm.collective_rpc("rollout_load_weights", args=(path, target))
+
+    async def set_versions(self, policy_version: int, draft_version: int) -> None:
+        await self.llm.update_weight_version(str(policy_version))
+        self.policy_version, self.draft_version = policy_version, draft_version
+
     async def shutdown(self) -> None:
         if self.llm is not None:
             self.llm.shutdown()

@@ -120,6 +120,11 @@ class EnginePool:
             return
         finally:
             self._release(slot)
+        if result.finish_reason == "abort":
+            self._fail(rec, ServiceError(grpc.StatusCode.ABORTED,
+                                         f"generation was aborted on {engine.id} (a weight push in abort mode "
+                                         "committed new weights); retry the request"))
+            return
         self.finished[engine.id] += 1
         self.telemetry.sample_finished(len(result.token_ids), result.finish_reason, time.monotonic() - admitted,
                                        result.policy_version, result.draft_version,
@@ -133,6 +138,8 @@ class EnginePool:
         rec.finish(error)
         rec.cancel()
         self.live.discard(rec)
+        if rec.request_id:
+            self.requests.drop(rec.request_id)     # a retry with the same id runs the request again
 
     def attach(self, rec: RequestRecord) -> None:
         rec.readers += 1
@@ -142,8 +149,6 @@ class EnginePool:
         rec.readers -= 1
         if rec.readers == 0 and not rec.done:
             self._fail(rec, ServiceError(grpc.StatusCode.CANCELLED, "cancelled by the client"))
-            if rec.request_id:
-                self.requests.drop(rec.request_id)   # a later retry runs it again
 
 
 class _Slot:

@@ -22,6 +22,7 @@ from rollout_service.pool.pool import EnginePool
 from rollout_service.server.grpc_service import RolloutServicer
 from rollout_service.server.http_app import build_http_app
 from rollout_service.validation import Limits
+from rollout_service.weights.service import WeightService
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
@@ -33,12 +34,32 @@ def make_vllm_engines(cfg: ServerConfig, model_path: str) -> list[Engine]:
     return [VllmEngine(f"engine-{i}", model_path, cfg.engine) for i in range(cfg.engines)]
 
 
+def serving_dtype(cfg: ServerConfig, model_path: str) -> str:
+    """The dtype the engines compute in (what "auto" resolves to), for weight-push validation."""
+    import json
+    from pathlib import Path
+
+    dtype = cfg.engine.dtype
+    if dtype == "auto":
+        try:
+            from rollout_service.engine.vllm_engine import resolve_dtype
+
+            dtype = resolve_dtype(dtype)
+        except ImportError:       # no vLLM (unit tests with the fake engine)
+            pass
+    if dtype == "auto":
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return dtype
+
+
 class RolloutServer:
     def __init__(self, cfg: ServerConfig, model: ModelInfo, engines: list[Engine]):
         self.cfg = cfg
         self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s)
+        self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path))
         self.servicer = RolloutServicer(self.pool, model, Limits(cfg.max_prompts_per_request,
-                                                                 cfg.max_samples_per_prompt))
+                                                                 cfg.max_samples_per_prompt), self.weights)
         self.health = health.aio.HealthServicer()
         limit = cfg.max_message_mb * 1024 * 1024
         self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from rollout_service.api import pb
+from rollout_service.errors import invalid
+from rollout_service.weights.service import Header, PushOutcome
 from rollout_service.engine.base import EngineState
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedResult
@@ -51,3 +53,29 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
         samples_total=t.samples_total, tokens_total=t.tokens_total, vocab_size=vocab_size,
         max_model_len=max_model_len,
     )
+
+
+MODES = {pb.IN_FLIGHT_UNSPECIFIED: "wait", pb.IN_FLIGHT_ABORT: "abort", pb.IN_FLIGHT_WAIT: "wait",
+         pb.IN_FLIGHT_KEEP: "keep"}
+TARGETS = {pb.TARGET_UNSPECIFIED: "policy", pb.TARGET_POLICY: "policy", pb.TARGET_DRAFTER: "drafter"}
+TARGET_ENUM = {"policy": pb.TARGET_POLICY, "drafter": pb.TARGET_DRAFTER}
+
+
+def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:
+    target = TARGETS.get(h.target)
+    if target is None or h.in_flight not in MODES:
+        raise invalid(f"{rpc}: header.target or header.in_flight has an unknown value")
+    if rpc == "UpdateDraft":
+        if h.target not in (pb.TARGET_UNSPECIFIED, pb.TARGET_DRAFTER):
+            raise invalid("UpdateDraft: header.target must be TARGET_DRAFTER (use PushWeights for the policy)")
+        target = "drafter"
+    elif target != "policy":
+        raise invalid("PushWeights: header.target must be TARGET_POLICY (use UpdateDraft for the drafter)")
+    return Header(h.version, target, h.total_bytes, h.sha256, MODES[h.in_flight], h.partial)
+
+
+def push_result_to_proto(o: PushOutcome) -> pb.PushResult:
+    return pb.PushResult(version=o.version, target=TARGET_ENUM[o.target], num_tensors=o.num_tensors,
+                         num_bytes=o.num_bytes, partial=o.partial,
+                         timings=pb.PushTimings(receive_s=o.receive_s, validate_s=o.validate_s, apply_s=o.apply_s,
+                                                pause_s=o.pause_s, total_s=o.total_s))

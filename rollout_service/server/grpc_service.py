@@ -6,20 +6,23 @@ import logging
 import grpc
 
 from rollout_service.api import pb, pb_grpc
-from rollout_service.errors import ServiceError
+from rollout_service.errors import ServiceError, invalid
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
-from rollout_service.server.convert import sample_to_proto, status_to_proto
+from rollout_service.server.convert import (MODES, TARGETS, header_from_proto, push_result_to_proto,
+                                            sample_to_proto, status_to_proto)
 from rollout_service.validation import Limits, check_generate
+from rollout_service.weights.service import Chunk, WeightService
 
 log = logging.getLogger(__name__)
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
-    def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits):
+    def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService):
         self.pool = pool
         self.model = model
         self.limits = limits
+        self.weights = weights
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK
@@ -58,15 +61,41 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def status(self) -> pb.Status:
         return status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len)
 
-    async def _not_yet(self, context, what: str):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            f"{what} is not implemented by this server build yet (see issue: weight pushes)")
+    # ---- control plane ---------------------------------------------------------------------------
+    async def PushWeights(self, request_iterator, context) -> pb.PushResult:
+        return await self._push(request_iterator, context, rpc="PushWeights")
 
-    async def PushWeights(self, request_iterator, context):
-        await self._not_yet(context, "PushWeights")
+    async def UpdateDraft(self, request_iterator, context) -> pb.PushResult:
+        return await self._push(request_iterator, context, rpc="UpdateDraft")
 
-    async def UpdateDraft(self, request_iterator, context):
-        await self._not_yet(context, "UpdateDraft")
+    async def _push(self, request_iterator, context, rpc: str) -> pb.PushResult:
+        try:
+            stream = request_iterator.__aiter__()
+            try:
+                first = await stream.__anext__()
+            except StopAsyncIteration:
+                raise invalid(f"{rpc}: empty stream; send a header, then tensor chunks") from None
+            if first.WhichOneof("item") != "header":
+                raise invalid(f"{rpc}: the first message must carry the header")
+            header = header_from_proto(first.header, rpc)
 
-    async def LoadWeights(self, request, context):
-        await self._not_yet(context, "LoadWeights")
+            async def chunks():
+                async for m in stream:
+                    if m.WhichOneof("item") != "chunk":
+                        raise invalid(f"{rpc}: only the first message may carry a header")
+                    c = m.chunk
+                    yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+
+            out = await self.weights.push(header, chunks())
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return push_result_to_proto(out)
+
+    async def LoadWeights(self, request: pb.LoadWeightsRequest, context) -> pb.PushResult:
+        try:
+            target = TARGETS.get(request.target, "policy")
+            out = await self.weights.load(request.path, request.version, target, MODES[request.in_flight],
+                                          request.partial)
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return push_result_to_proto(out)

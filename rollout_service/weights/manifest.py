@@ -33,17 +33,24 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def read_manifest(model_dir: str | Path, serving_dtype: str) -> Manifest:
-    model_dir = Path(model_dir)
-    tensors: dict[str, TensorSpec] = {}
-    for f in safetensors_files(model_dir):
+def read_headers(files: list[Path]) -> dict[str, tuple[TensorSpec, int]]:
+    """name -> (spec, byte size), from the safetensors headers of `files` (no tensor data is read)."""
+    out = {}
+    for f in files:
         with open(f, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
             header = json.loads(fh.read(n))
         for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            tensors[name] = TensorSpec(ST_TO_DTYPE.get(meta["dtype"], meta["dtype"].lower()), tuple(meta["shape"]))
+            if name != "__metadata__":
+                start, end = meta["data_offsets"]
+                spec = TensorSpec(ST_TO_DTYPE.get(meta["dtype"], meta["dtype"].lower()), tuple(meta["shape"]))
+                out[name] = (spec, end - start)
+    return out
+
+
+def read_manifest(model_dir: str | Path, serving_dtype: str) -> Manifest:
+    model_dir = Path(model_dir)
+    tensors = {name: spec for name, (spec, _) in read_headers(safetensors_files(model_dir)).items()}
     config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").exists() else {}
     ignored = frozenset({"lm_head.weight"}) if config.get("tie_word_embeddings") and \
         "lm_head.weight" not in tensors else frozenset()

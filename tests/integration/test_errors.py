@@ -46,13 +46,10 @@ def test_prompt_with_both_text_and_tokens_is_rejected(client):
 
 
 def test_min_policy_version_above_serving_is_failed_precondition(client):
+    serving = client.status().policy_version
     with pytest.raises(grpc.RpcError) as e:
-        list(client.generate(GOOD, max_tokens=2, min_policy_version=5))
+        list(client.generate(GOOD, max_tokens=2, min_policy_version=serving + 5))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "min_policy_version=5" in e.value.details() and "policy version 0" in e.value.details()
-
-
-def test_weight_rpcs_answer_unimplemented_for_now(client):
-    with pytest.raises(grpc.RpcError) as e:
-        client.stub.LoadWeights(pb.LoadWeightsRequest(version=1, path="/nonexistent"))
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert f"min_policy_version={serving + 5}" in e.value.details()
+    assert f"policy version {serving}" in e.value.details()
+    assert len(list(client.generate(GOOD, max_tokens=2, min_policy_version=serving))) == 1

@@ -1,0 +1,147 @@
+"""Commit staged weights on every engine, or on none.
+
+One push at a time (a lock serializes them). Versions are strictly increasing per target. The commit:
+pause every engine (in-flight mode), load the file into each, label the new versions, resume. If any
+engine fails to load, the engines that already loaded get the previous values back (from the original
+checkpoint plus the overlays of earlier pushes), every engine resumes on the old version, and the push
+fails; an engine that cannot be restored is marked unhealthy.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from rollout_service.engine.base import EngineState
+from rollout_service.errors import ServiceError
+from rollout_service.pool.pool import EnginePool
+from rollout_service.weights.manifest import safetensors_files
+
+log = logging.getLogger(__name__)
+MODES = ("abort", "wait", "keep")
+
+
+@dataclass
+class CommitResult:
+    version: int
+    target: str
+    apply_s: float
+    pause_s: float
+
+
+class WeightCommitter:
+    def __init__(self, pool: EnginePool, checkpoints: dict[str, Path | None], state_dir: Path):
+        self.pool = pool
+        self.checkpoints = checkpoints            # target -> original checkpoint dir (None: no such target)
+        self.state_dir = state_dir
+        self.lock = asyncio.Lock()
+        self.versions = {"policy": 0, "drafter": 0}
+        self.overlay: dict[str, dict[str, Path]] = {"policy": {}, "drafter": {}}   # name -> file with its value
+        self.pushes = {"policy": 0, "drafter": 0}
+
+    def check_version(self, target: str, version: int) -> None:
+        if self.checkpoints.get(target) is None:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"this server has no {target} to update (start it with speculation configured)")
+        if version <= self.versions[target]:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"{target} version {version} is not newer than the serving version "
+                               f"{self.versions[target]}; versions must strictly increase")
+
+    async def commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
+                     keep_files: bool) -> CommitResult:
+        """Apply `files` (safetensors holding `names`) as `version` of `target` on every engine."""
+        assert mode in MODES
+        async with self.lock:
+            self.check_version(target, version)      # again: a concurrent push may have won the race
+            engines = [e for e in self.pool.engines if e.state is not EngineState.STOPPED]
+            t0 = time.perf_counter()
+            await asyncio.gather(*(e.pause(mode) for e in engines))
+            t_apply = time.perf_counter()
+            loaded = []
+            try:
+                for e in engines:
+                    for f in files:
+                        await e.load_weights(str(f), target)
+                    loaded.append(e)
+            except Exception as err:  # noqa: BLE001 - any engine failure rolls the whole commit back
+                failed = engines[len(loaded)]
+                await self._roll_back(loaded + [failed], names, target)
+                await asyncio.gather(*(e.resume() for e in engines if e.state is EngineState.PAUSED))
+                raise ServiceError(grpc.StatusCode.INTERNAL,
+                                   f"commit of {target} version {version} failed on {failed.id} "
+                                   f"({type(err).__name__}: {err}); every engine still serves {target} version "
+                                   f"{self.versions[target]}") from err
+            apply_s = time.perf_counter() - t_apply
+            self.versions[target] = version
+            await asyncio.gather(*(e.set_versions(self.versions["policy"], self.versions["drafter"])
+                                   for e in engines))
+            await asyncio.gather(*(e.resume() for e in engines))
+            pause_s = time.perf_counter() - t0
+            self._remember(files, names, target, version, keep_files)
+            log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
+                     target, version, len(names), len(engines), apply_s, pause_s)
+            return CommitResult(version, target, apply_s, pause_s)
+
+    def _remember(self, files: list[Path], names: list[str], target: str, version: int, keep: bool) -> None:
+        """Record where each committed tensor's value lives, for rollback and engine restarts."""
+        folder = self.state_dir / target
+        folder.mkdir(parents=True, exist_ok=True)
+        self.pushes[target] += 1
+        kept = []
+        for i, f in enumerate(files):
+            dest = folder / f"v{version}-{i}.safetensors"
+            if keep:
+                shutil.copyfile(f, dest)
+            else:
+                shutil.move(f, dest)
+            kept.append(dest)
+        from safetensors import safe_open
+
+        for dest in kept:
+            with safe_open(dest, "pt") as fh:
+                for name in fh.keys():
+                    self.overlay[target][name] = dest
+        live = set(self.overlay[target].values())
+        for old in folder.glob("*.safetensors"):
+            if old not in live:
+                old.unlink(missing_ok=True)
+
+    async def _roll_back(self, engines, names: list[str], target: str) -> None:
+        path = self._previous_values(names, target)
+        try:
+            for e in engines:
+                try:
+                    await e.load_weights(str(path), target)
+                except Exception:  # noqa: BLE001
+                    log.exception("%s: could not restore %s weights; marked unhealthy", e.id, target)
+                    e.state = EngineState.UNHEALTHY
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _previous_values(self, names: list[str], target: str) -> Path:
+        """A safetensors file with the committed values of `names` (overlay first, else the checkpoint)."""
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        wanted = set(names)
+        values = {}
+        for name in list(wanted):
+            src = self.overlay[target].get(name)
+            if src is not None:
+                with safe_open(src, "pt") as fh:
+                    values[name] = fh.get_tensor(name)
+        for f in safetensors_files(Path(self.checkpoints[target])):
+            with safe_open(f, "pt") as fh:
+                for name in fh.keys():
+                    if name in wanted and name not in values:
+                        values[name] = fh.get_tensor(name)
+        out = self.state_dir / f"rollback-{target}.safetensors"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_file(values, str(out))
+        return out

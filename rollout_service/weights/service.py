@@ -1,0 +1,129 @@
+"""Weight pushes end to end: header checks, staging, validation, commit; timings for the reply."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+from rollout_service.errors import invalid
+from rollout_service.weights.committer import WeightCommitter
+from rollout_service.weights.manifest import Manifest, read_headers, read_manifest, safetensors_files
+from rollout_service.weights.staging import Stager, staging_root
+
+
+@dataclass
+class PushOutcome:
+    version: int
+    target: str
+    num_tensors: int
+    num_bytes: int
+    partial: bool
+    receive_s: float
+    validate_s: float
+    apply_s: float
+    pause_s: float
+    total_s: float
+
+
+@dataclass
+class Header:
+    version: int
+    target: str            # "policy" | "drafter"
+    total_bytes: int
+    sha256: str
+    mode: str              # "abort" | "wait" | "keep"
+    partial: bool
+
+
+@dataclass
+class Chunk:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    data: bytes
+
+
+class WeightService:
+    def __init__(self, committer: WeightCommitter, manifests: dict[str, Manifest]):
+        self.committer = committer
+        self.manifests = manifests
+
+    @classmethod
+    def create(cls, pool, policy_dir: str, serving_dtype: str, drafter_dir: str | None = None) -> "WeightService":
+        state = staging_root() / "committed"
+        committer = WeightCommitter(pool, {"policy": Path(policy_dir),
+                                           "drafter": Path(drafter_dir) if drafter_dir else None}, state)
+        manifests = {"policy": read_manifest(policy_dir, serving_dtype)}
+        if drafter_dir:
+            manifests["drafter"] = read_manifest(drafter_dir, serving_dtype)
+        return cls(committer, manifests)
+
+    def _check_header(self, h: Header) -> None:
+        if h.version <= 0:
+            raise invalid(f"header.version must be > 0, got {h.version}")
+        self.committer.check_version(h.target, h.version)
+        if len(h.sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in h.sha256):
+            raise invalid("header.sha256 must be 64 hex characters (sha256 of all chunk data in stream order)")
+
+    async def push(self, header: Header, chunks: AsyncIterator[Chunk]) -> PushOutcome:
+        t0 = time.perf_counter()
+        self._check_header(header)
+        stager = Stager(self.manifests[header.target], header.total_bytes, header.sha256, header.partial)
+        async for c in chunks:
+            stager.add(c.name, c.dtype, c.shape, c.offset, c.data)
+        staged = stager.finish(staging_root())
+        try:
+            names = _names(staged.path)
+            res = await self.committer.commit([staged.path], names, header.version, header.target, header.mode,
+                                              keep_files=False)
+        finally:
+            staged.discard()
+        return PushOutcome(res.version, header.target, staged.num_tensors, staged.num_bytes, staged.partial,
+                           staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0)
+
+    async def load(self, path: str, version: int, target: str, mode: str, partial: bool) -> PushOutcome:
+        """LoadWeights: validate the files' headers against the model, then commit them in place."""
+        t0 = time.perf_counter()
+        if version <= 0:
+            raise invalid(f"version must be > 0, got {version}")
+        self.committer.check_version(target, version)
+        p = Path(path)
+        if not p.exists():
+            raise invalid(f"path {path!r} does not exist on the server")
+        try:
+            files = safetensors_files(p)
+        except FileNotFoundError as e:
+            raise invalid(f"path {path!r}: {e}") from e
+        t_val = time.perf_counter()
+        manifest = self.manifests[target]
+        names, nbytes = [], 0
+        for name, (found, size) in read_headers(files).items():
+            dtype, shape = found.dtype, found.shape
+            if name in manifest.ignored:
+                continue
+            spec = manifest.tensors.get(name)
+            if spec is None:
+                raise invalid(f"{path}: tensor {name!r} is not a parameter of the served model")
+            if shape != spec.shape:
+                raise invalid(f"{path}: tensor {name!r} has shape {list(shape)}, the model's is {list(spec.shape)}")
+            if dtype not in manifest.allowed_dtypes(name):
+                raise invalid(f"{path}: tensor {name!r} has dtype {dtype}; accepted: "
+                              f"{sorted(manifest.allowed_dtypes(name))}")
+            names.append(name)
+            nbytes += size
+        missing = set(manifest.tensors) - set(names)
+        if missing and not partial:
+            raise invalid(f"{path}: {len(missing)} of the model's tensors are missing (first: {sorted(missing)[0]!r}); "
+                          "pass partial=true to load a subset")
+        if not names:
+            raise invalid(f"{path}: no tensor of the served model found")
+        validate_s = time.perf_counter() - t_val
+        res = await self.committer.commit(files, names, version, target, mode, keep_files=True)
+        return PushOutcome(res.version, target, len(names), nbytes, bool(missing), t_val - t0, validate_s,
+                           res.apply_s, res.pause_s, time.perf_counter() - t0)
+
+
+def _names(path: Path) -> list[str]:
+    return list(read_headers([path]))
