@@ -21,6 +21,11 @@ def _serve_args(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, help="sequences each engine batches at once (default 64)")
     p.add_argument("--kv-cache-gb", type=float, help="KV cache per engine in GiB on CPU (default 2)")
     p.add_argument("--dtype", help="auto, bfloat16, float16 or float32")
+    p.add_argument("--speculation", choices=["none", "draft_model", "eagle3", "ngram", "mtp"],
+                   help="speculative decoding method (default none)")
+    p.add_argument("--draft-model", help="drafter directory for draft_model / eagle3")
+    p.add_argument("--num-speculative-tokens", type=int, help="k, tokens drafted per step (default 3)")
+    p.add_argument("--draft-sampling", choices=["probabilistic", "greedy"], help="how the drafter samples")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n", type=int, default=4)
     d.add_argument("--max-tokens", type=int, default=96)
     sub.add_parser("check-stubs", help="exit 1 when the committed gRPC stubs are stale")
+    v = sub.add_parser("verify-lossless", help="prove speculative sampling matches plain sampling (G-tests) and "
+                                               "that returned log-probs match an independent forward pass")
+    v.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    v.add_argument("--method", default="draft_model", choices=["draft_model", "eagle3", "ngram", "mtp"])
+    v.add_argument("--draft-model", help="drafter directory (draft_model, eagle3)")
+    v.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    v.add_argument("--draft-sampling", default="probabilistic", choices=["probabilistic", "greedy"])
+    v.add_argument("--samples", type=int, default=400, help="samples per prompt per side")
+    v.add_argument("--max-tokens", type=int, default=4, help="continuation length tested")
+    v.add_argument("--temperature", type=float, default=1.0)
+    v.add_argument("--top-k", type=int, default=10)
+    v.add_argument("--top-p", type=float, default=1.0)
+    v.add_argument("--alpha", type=float, default=1e-3, help="family-wise significance (Bonferroni)")
+    v.add_argument("--prompts", nargs="*", default=["What is 12 + 30?", "Name a color."],
+                   help="prompt texts (chat template applied)")
     return ap
 
 
@@ -62,12 +82,31 @@ def cmd_serve(args) -> int:
                           engines=args.engines, max_queue=args.max_queue,
                           **{"engine.model": args.model, "engine.max_model_len": args.max_model_len,
                              "engine.max_num_seqs": args.max_num_seqs, "engine.kv_cache_gb": args.kv_cache_gb,
-                             "engine.dtype": args.dtype})
+                             "engine.dtype": args.dtype, "engine.speculation.method": args.speculation,
+                             "engine.speculation.model": args.draft_model,
+                             "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
+                             "engine.speculation.draft_sampling": args.draft_sampling})
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
     asyncio.run(serve(cfg, resolve_model(cfg.engine.model)))
     return 0
+
+
+def cmd_verify_lossless(args) -> int:
+    from rollout_service.config import SpeculationConfig
+    from rollout_service.model_info import ModelInfo
+    from rollout_service.speculation.lossless import check_lossless
+
+    model = resolve_model(args.model)
+    info = ModelInfo.load(model, 2048)
+    prompts = [info.encode(p, chat=True) for p in args.prompts]
+    spec = SpeculationConfig(method=args.method, model=args.draft_model or "",
+                             num_speculative_tokens=args.num_speculative_tokens, draft_sampling=args.draft_sampling)
+    report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha)
+    print(report.render())
+    return 0 if report.passed else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         from rollout_service.demo import run_demo
 
         return run_demo(resolve_model(args.model), args.prompts, args.n, args.max_tokens)
+    if args.cmd == "verify-lossless":
+        return cmd_verify_lossless(args)
     if args.cmd == "check-stubs":
         from rollout_service.protogen import main as protogen_main
 

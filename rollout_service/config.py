@@ -12,6 +12,20 @@ from pathlib import Path
 import msgspec
 
 
+SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "mtp")
+
+
+class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Speculative decoding for every engine of the server."""
+
+    method: str = "none"              # none | draft_model | eagle3 | ngram | mtp
+    model: str = ""                   # drafter directory (draft_model, eagle3)
+    num_speculative_tokens: int = 3   # k: tokens drafted per step
+    draft_sampling: str = "probabilistic"   # probabilistic | greedy drafting (draft_model, eagle3, mtp)
+    prompt_lookup_min: int = 2        # ngram only
+    prompt_lookup_max: int = 5        # ngram only
+
+
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How each vLLM engine is built."""
 
@@ -23,6 +37,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = True
     seed: int = 0
+    speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -85,6 +100,17 @@ def _check(cfg: ServerConfig) -> None:
         (cfg.engine.dtype in ("auto", "bfloat16", "float16", "float32"),
          "engine.dtype must be one of auto, bfloat16, float16, float32"),
         (cfg.engine.kv_cache_gb > 0, "engine.kv_cache_gb must be > 0"),
+    ]
+    sp = cfg.engine.speculation
+    rules += [
+        (sp.method in SPEC_METHODS, f"engine.speculation.method must be one of {', '.join(SPEC_METHODS)}"),
+        (1 <= sp.num_speculative_tokens <= 16, "engine.speculation.num_speculative_tokens must be in [1, 16]"),
+        (sp.draft_sampling in ("probabilistic", "greedy"),
+         "engine.speculation.draft_sampling must be probabilistic or greedy"),
+        (1 <= sp.prompt_lookup_min <= sp.prompt_lookup_max,
+         "engine.speculation: need 1 <= prompt_lookup_min <= prompt_lookup_max"),
+        (sp.method not in ("draft_model", "eagle3") or sp.model,
+         f"engine.speculation.model: method {sp.method} needs a drafter directory"),
     ]
     for ok, msg in rules:
         if not ok:

@@ -32,3 +32,5 @@ class SeqResult(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     draft_version: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
+    spec_steps: int = 0              # verify steps that carried drafts
+    accepted_per_pos: list[int] = []  # [k] steps whose i-th draft was accepted

@@ -43,6 +43,20 @@ def resolve_dtype(dtype: str) -> str:
     return "auto" if torch.cpu._is_avx512_bf16_supported() else "float32"
 
 
+def speculative_config(sp) -> dict | None:
+    """SpeculationConfig -> vLLM's speculative_config dict (None: no speculation)."""
+    if sp.method == "none":
+        return None
+    out = {"method": sp.method, "num_speculative_tokens": sp.num_speculative_tokens}
+    if sp.method in ("draft_model", "eagle3"):
+        out["model"] = sp.model
+    if sp.method in ("draft_model", "eagle3", "mtp"):
+        out["draft_sample_method"] = sp.draft_sampling
+    if sp.method == "ngram":
+        out.update(prompt_lookup_min=sp.prompt_lookup_min, prompt_lookup_max=sp.prompt_lookup_max)
+    return out
+
+
 class VllmEngine(Engine):
     """One vLLM AsyncLLM. The policy version is vLLM's weight version, so spans come back per sample."""
 
@@ -65,6 +79,9 @@ class VllmEngine(Engine):
             # Covered by tests/integration/test_generate.py::test_seeded_long_prompt_batch.
             extra = dict(enable_chunked_prefill=False,
                          max_num_batched_tokens=max(self.cfg.max_model_len, 2048))
+        spec = speculative_config(self.cfg.speculation)
+        if spec is not None:
+            extra.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
         return AsyncEngineArgs(
             **extra,
             model=self.model_path,
@@ -111,21 +128,22 @@ class VllmEngine(Engine):
         )
 
     async def generate(self, req: SeqRequest) -> SeqResult:
-        if self.llm is None:
+        llm = self.llm
+        if llm is None:
             raise RuntimeError(f"{self.id} is not started")
         final = None
         try:
-            async for out in self.llm.generate(
+            async for out in llm.generate(
                 {"prompt_token_ids": req.prompt_token_ids}, self._sampling_params(req), req.seq_id
             ):
                 final = out
         except asyncio.CancelledError:
             # AsyncLLM.generate aborts on cancellation too; this makes sure the engine forgets it.
-            if not self.llm.errored:
-                await asyncio.shield(self.llm.abort(req.seq_id))
+            if not llm.errored:
+                await asyncio.shield(llm.abort(req.seq_id))
             raise
         except Exception:
-            if self.llm.errored:
+            if llm.errored:
                 self.state = EngineState.UNHEALTHY
                 log.error("%s: vLLM engine died; marked unhealthy", self.id)
             raise
@@ -167,11 +185,14 @@ def _to_result(comp, policy_version: int, draft_version: int) -> SeqResult:
     spans = [(int(s.version), int(s.start)) for s in (comp.weight_versions or [])]
     if not spans:
         spans = [(policy_version, 0)]
-    drafted = accepted = 0
+    drafted = accepted = steps = 0
+    per_pos: list[int] = []
     if comp.spec_decode_metrics is not None:
-        m = comp.spec_decode_metrics
+        m = comp.spec_decode_metrics   # histogram[j] = verify steps that accepted exactly j drafts
         drafted = int(m.num_draft_tokens)
         accepted = sum(j * c for j, c in enumerate(m.histogram))
+        steps = sum(m.histogram)
+        per_pos = [sum(m.histogram[j] for j in range(i + 1, len(m.histogram))) for i in range(len(m.histogram) - 1)]
     finish = comp.finish_reason or "abort"
     return SeqResult(
         token_ids=token_ids,
@@ -184,4 +205,6 @@ def _to_result(comp, policy_version: int, draft_version: int) -> SeqResult:
         draft_version=draft_version,
         num_drafted=drafted,
         num_accepted=accepted,
+        spec_steps=steps,
+        accepted_per_pos=per_pos,
     )

@@ -128,7 +128,8 @@ class EnginePool:
         self.finished[engine.id] += 1
         self.telemetry.sample_finished(len(result.token_ids), result.finish_reason, time.monotonic() - admitted,
                                        result.policy_version, result.draft_version,
-                                       result.num_drafted, result.num_accepted)
+                                       result.num_drafted, result.num_accepted, result.spec_steps,
+                                       result.accepted_per_pos)
         rec.add(IndexedResult(p, s, result))
         if len(rec.results) == rec.expected:
             rec.finish()

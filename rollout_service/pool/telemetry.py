@@ -42,7 +42,8 @@ class Telemetry:
                                   ["policy_version", "draft_version"], registry=r)
 
     def sample_finished(self, n_tokens: int, finish_reason: str, latency_s: float, policy_version: int,
-                        draft_version: int, drafted: int, accepted: int) -> None:
+                        draft_version: int, drafted: int, accepted: int, steps: int = 0,
+                        accepted_per_pos: list[int] | None = None) -> None:
         now = time.monotonic()
         self.samples_total += 1
         self.tokens_total += n_tokens
@@ -54,6 +55,12 @@ class Telemetry:
             c = self.spec.setdefault((policy_version, draft_version), SpecCounts())
             c.drafted += drafted
             c.accepted += accepted
+            c.steps += steps
+            per_pos = accepted_per_pos or []
+            if len(c.per_position) < len(per_pos):
+                c.per_position += [0] * (len(per_pos) - len(c.per_position))
+            for i, a in enumerate(per_pos):
+                c.per_position[i] += a
             labels = (str(policy_version), str(draft_version))
             self.m_drafted.labels(*labels).inc(drafted)
             self.m_accepted.labels(*labels).inc(accepted)

@@ -57,9 +57,11 @@ class RolloutServer:
     def __init__(self, cfg: ServerConfig, model: ModelInfo, engines: list[Engine]):
         self.cfg = cfg
         self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s)
-        self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path))
+        sp = cfg.engine.speculation
+        drafter = sp.model if sp.method in ("draft_model", "eagle3") else None
+        self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path), drafter)
         self.servicer = RolloutServicer(self.pool, model, Limits(cfg.max_prompts_per_request,
-                                                                 cfg.max_samples_per_prompt), self.weights)
+                                                                 cfg.max_samples_per_prompt), self.weights, sp)
         self.health = health.aio.HealthServicer()
         limit = cfg.max_message_mb * 1024 * 1024
         self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),

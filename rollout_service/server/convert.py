@@ -36,7 +36,7 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
     spec = []
     for (pv, dv), c in sorted(t.spec.items()):
         rate = c.accepted / c.drafted if c.drafted else 0.0
-        mean_len = 1.0 + (c.accepted / c.steps if c.steps else (rate * k if k else 0.0))
+        mean_len = 1.0 + c.accepted / c.steps if c.steps else 1.0
         spec.append(pb.SpeculationStats(
             policy_version=pv, draft_version=dv, num_drafted=c.drafted, num_accepted=c.accepted,
             acceptance_rate=rate, mean_acceptance_length=mean_len,

@@ -6,6 +6,7 @@ import logging
 import grpc
 
 from rollout_service.api import pb, pb_grpc
+from rollout_service.config import SpeculationConfig
 from rollout_service.errors import ServiceError, invalid
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
@@ -18,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
-    def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService):
+    def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
+                 speculation: SpeculationConfig | None = None):
+        self.speculation = speculation or SpeculationConfig()
         self.pool = pool
         self.model = model
         self.limits = limits
@@ -59,7 +62,10 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         return self.status()
 
     def status(self) -> pb.Status:
-        return status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len)
+        sp = self.speculation
+        k = sp.num_speculative_tokens if sp.method != "none" else 0
+        return status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
+                               sp.method, k)
 
     # ---- control plane ---------------------------------------------------------------------------
     async def PushWeights(self, request_iterator, context) -> pb.PushResult:

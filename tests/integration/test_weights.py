@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from rollout_client import RolloutClient, build_request
 from rollout_client.weights import push_stream
 from rollout_service.api import pb
-from tests.integration.reference import processed_logprobs
+from rollout_service.speculation.reference import processed_logprobs
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 

@@ -1,4 +1,5 @@
-"""An independent forward pass with transformers: the log-probs the service must reproduce."""
+"""An independent forward pass with transformers: the log-probs the service must reproduce (used by the
+losslessness check and the tests)."""
 from __future__ import annotations
 
 import torch

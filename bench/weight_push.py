@@ -1,0 +1,111 @@
+"""Weight pushes into a running service over loopback, side by side in one run:
+
+    .venv/bin/python bench/weight_push.py [--model DIR] [--repeats 3]
+
+- PushWeights of the whole model (bf16, as a trainer would send it), service idle: end-to-end GB/s and
+  the server's phase timings (receive, validate, apply, pause);
+- PushWeights in keep mode while a batch of generation is in flight: the pause window;
+- LoadWeights of the same tensors from a safetensors file on local disk;
+- this machine's memcpy bandwidth (a torch copy of the same byte count), as the ceiling.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def memcpy_gbps(nbytes: int) -> float:
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from rollout_client import RolloutClient
+    from rollout_service.cli import resolve_model
+    from rollout_service.launcher import ServiceProcess
+
+    model_dir = resolve_model(args.model)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}
+    with ServiceProcess(model_dir, log_path="bench/results/weight_push.log") as svc, \
+            RolloutClient(svc.target) as client:
+        version = client.status().policy_version
+        rows = []
+        for _ in range(args.repeats):
+            version += 1
+            t = time.perf_counter()
+            r = client.push_weights(model, version, mode="wait")
+            wall = time.perf_counter() - t
+            rows.append((wall, r))
+        nbytes = rows[0][1].num_bytes
+        print(f"model {model_dir}: {rows[0][1].num_tensors} tensors, {nbytes / 1e6:.1f} MB (bf16; tied lm_head sent once)")
+        print(f"memcpy of {nbytes / 1e6:.0f} MB on this machine: {memcpy_gbps(nbytes):.2f} GB/s")
+        walls = [w for w, _ in rows]
+        med = statistics.median(walls)
+        print(f"PushWeights (idle, wait mode), {args.repeats} runs: end-to-end {nbytes / med / 1e9:.2f} GB/s "
+              f"(median {med:.2f} s until the new version serves)")
+        for w, r in rows:
+            print(f"  wall {w:.2f} s | receive {r.receive_s:.2f} validate {r.validate_s:.2f} apply {r.apply_s:.2f} "
+                  f"pause {r.pause_s:.3f} total {r.total_s:.2f} s")
+
+        # keep mode with generation in flight
+        prompts = [[1, 9690, 198, 2683, 359, 100 + i] for i in range(16)]
+        pauses = []
+        for _ in range(args.repeats):
+            done = threading.Event()
+            out = {}
+
+            def gen():
+                out["n"] = len(list(client.generate(prompts, n=4, max_tokens=128, ignore_eos=True, temperature=1.0)))
+                done.set()
+            th = threading.Thread(target=gen)
+            th.start()
+            time.sleep(3.0)
+            version += 1
+            r = client.push_weights(model, version, mode="keep")
+            th.join()
+            pauses.append(r.pause_s)
+            print(f"  keep mode with 64 sequences in flight: pause {r.pause_s:.3f} s (apply {r.apply_s:.3f} s), "
+                  f"{out['n']} samples finished")
+        print(f"PushWeights keep mode: median pause window {statistics.median(pauses):.3f} s (goal < 0.5 s)")
+
+        with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as d:
+            save_file(state, os.path.join(d, "model.safetensors"))
+            lw = []
+            for _ in range(args.repeats):
+                version += 1
+                t = time.perf_counter()
+                r = client.load_weights(d, version)
+                lw.append(time.perf_counter() - t)
+            med_l = statistics.median(lw)
+            print(f"LoadWeights from local disk: {r.num_bytes / med_l / 1e9:.2f} GB/s (median {med_l:.2f} s; "
+                  f"apply {r.apply_s:.2f} s, pause {r.pause_s:.3f} s)")
+        print(f"ratio PushWeights / LoadWeights wall time: {med / med_l:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Speculative decoding: configuration, the CPU sampling fix, the losslessness check, drafter preparation."""

@@ -1,0 +1,189 @@
+"""The losslessness check: speculative generation must sample exactly the policy's distribution.
+
+Two real vLLM engines (same model, same sampling parameters), one plain and one speculative, each draw
+many short continuations of the same prompts. For every prompt and every position, a G-test of
+homogeneity compares the two token histograms (categories expected fewer than 5 times are pooled);
+the check fails when any p-value is below alpha / (number of tests) (Bonferroni). Then the log-probs
+the speculative engine returned are compared with an independent transformers forward pass of the same
+weights under the same processed distribution (temperature, top-k, top-p).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollout_service.config import EngineConfig, SpeculationConfig
+from rollout_service.engine.types import SeqRequest
+
+
+@dataclass
+class PositionTest:
+    prompt: int
+    position: int
+    categories: int
+    g: float
+    dof: int
+    p: float
+
+
+@dataclass
+class LosslessReport:
+    method: str
+    samples_per_side: int
+    tests: list[PositionTest]
+    alpha: float
+    min_p: float
+    acceptance_rate: float
+    mean_acceptance_length: float
+    logprob_max_abs_err: float
+    logprob_atol: float
+    passed_distribution: bool
+    passed_logprobs: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.passed_distribution and self.passed_logprobs
+
+    def render(self) -> str:
+        lines = [f"losslessness check: speculation={self.method}, {self.samples_per_side} samples per side",
+                 f"{'prompt':>6} {'pos':>4} {'cats':>5} {'G':>9} {'dof':>4} {'p-value':>9}"]
+        for t in self.tests:
+            lines.append(f"{t.prompt:>6} {t.position:>4} {t.categories:>5} {t.g:>9.2f} {t.dof:>4} {t.p:>9.4f}")
+        thr = self.alpha / max(len(self.tests), 1)
+        lines += [
+            f"distribution: min p = {self.min_p:.3g} over {len(self.tests)} G-tests; reject below alpha/tests = "
+            f"{self.alpha}/{len(self.tests)} = {thr:.2g} -> {'PASS' if self.passed_distribution else 'FAIL'}",
+            f"log-probs vs independent forward pass: max |diff| = {self.logprob_max_abs_err:.2e} nats "
+            f"(tolerance {self.logprob_atol:g}) -> {'PASS' if self.passed_logprobs else 'FAIL'}",
+            f"acceptance rate {self.acceptance_rate:.3f}, mean acceptance length {self.mean_acceptance_length:.2f}",
+            *self.notes,
+            f"RESULT: {'LOSSLESS' if self.passed else 'NOT LOSSLESS'}",
+        ]
+        return "\n".join(lines)
+
+
+def g_test(a: Counter, b: Counter) -> tuple[float, int, int, float]:
+    """G-test of homogeneity of two categorical samples. Returns (G, dof, categories, p)."""
+    from scipy.stats import chi2
+
+    na, nb = sum(a.values()), sum(b.values())
+    keys = sorted(set(a) | set(b))
+    table = np.array([[a.get(k, 0), b.get(k, 0)] for k in keys], dtype=float)
+    expected_min = table.sum(1) * min(na, nb) / (na + nb)
+    rare = expected_min < 5
+    if rare.any():
+        table = np.vstack([table[~rare], table[rare].sum(0, keepdims=True)])
+        table = table[table.sum(1) > 0]
+    if len(table) < 2:
+        return 0.0, 0, len(table), 1.0
+    col = table.sum(0, keepdims=True)
+    row = table.sum(1, keepdims=True)
+    exp = row * col / table.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(table > 0, table * np.log(table / exp), 0.0)
+    g = 2.0 * float(terms.sum())
+    dof = len(table) - 1
+    return g, dof, len(table), float(chi2.sf(g, dof))
+
+
+async def _sample(model: str, engine_cfg: EngineConfig, prompts: list[list[int]], n: int, max_tokens: int,
+                  temperature: float, top_k: int, top_p: float, tag: str, env: dict | None = None):
+    """(prompt index, SeqResult) for n unseeded samples of every prompt, from a fresh engine."""
+    from rollout_service.engine.vllm_engine import VllmEngine
+
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    engine = VllmEngine(tag, model, engine_cfg)
+    try:
+        await engine.start()
+        seqs = [(p, SeqRequest(seq_id=f"{tag}-{p}-{s}", prompt_token_ids=ids, temperature=temperature, top_k=top_k,
+                               top_p=top_p, max_tokens=max_tokens, ignore_eos=True))
+                for p, ids in enumerate(prompts) for s in range(n)]
+        results = await asyncio.gather(*(engine.generate(q) for _, q in seqs))
+        return [(p, r) for (p, _), r in zip(seqs, results)]
+    finally:
+        await engine.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+DEFAULT_BASE = EngineConfig(max_model_len=512, kv_cache_gb=1, max_num_seqs=64)
+
+
+def sample_plain(model: str, prompts: list[list[int]], *, samples: int = 400, max_tokens: int = 4,
+                 temperature: float = 1.0, top_k: int = 10, top_p: float = 1.0, base: EngineConfig | None = None):
+    """The reference side: the same engine without speculation (reusable across several checks)."""
+    import msgspec
+
+    cfg = msgspec.structs.replace(base or DEFAULT_BASE, speculation=SpeculationConfig())
+    return asyncio.run(_sample(model, cfg, prompts, samples, max_tokens, temperature, top_k, top_p, "plain"))
+
+
+def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]], *, samples: int = 400,
+                   max_tokens: int = 4, temperature: float = 1.0, top_k: int = 10, top_p: float = 1.0,
+                   alpha: float = 1e-3, logprob_atol: float = 2e-3, base: EngineConfig | None = None,
+                   spec_temperature: float | None = None, spec_env: dict | None = None,
+                   logprob_samples: int = 24, plain=None) -> LosslessReport:
+    """spec_temperature / spec_env deliberately mismatch the speculative side (to show the test's power);
+    `plain` reuses the output of sample_plain with the same arguments."""
+    import msgspec
+
+    if plain is None:
+        plain = sample_plain(model, prompts, samples=samples, max_tokens=max_tokens, temperature=temperature,
+                             top_k=top_k, top_p=top_p, base=base)
+    spec_cfg = msgspec.structs.replace(base or DEFAULT_BASE, speculation=spec)
+    try:
+        spec_out = asyncio.run(_sample(model, spec_cfg, prompts, samples, max_tokens,
+                                       spec_temperature if spec_temperature is not None else temperature,
+                                       top_k, top_p, "spec", spec_env))
+    except Exception as e:  # noqa: BLE001 - a crashing speculative engine is a failed check, not a test error
+        return LosslessReport(
+            method=spec.method, samples_per_side=len(plain), tests=[], alpha=alpha, min_p=0.0, acceptance_rate=0.0,
+            mean_acceptance_length=0.0, logprob_max_abs_err=float("inf"), logprob_atol=logprob_atol,
+            passed_distribution=False, passed_logprobs=False,
+            notes=[f"the speculative engine failed while sampling: {type(e).__name__}: {e}"])
+    tests = []
+    for p in range(len(prompts)):
+        for pos in range(max_tokens):
+            a = Counter(r.token_ids[pos] for q, r in plain if q == p)
+            b = Counter(r.token_ids[pos] for q, r in spec_out if q == p)
+            g, dof, cats, pv = g_test(a, b)
+            tests.append(PositionTest(p, pos, cats, g, dof, pv))
+    min_p = min(t.p for t in tests)
+    drafted_any = any(r.num_drafted for _, r in spec_out)
+    drafted = sum(r.num_drafted for _, r in spec_out)
+    accepted = sum(r.num_accepted for _, r in spec_out)
+    steps = sum(r.spec_steps for _, r in spec_out)
+    err = _logprob_error(model, prompts, spec_out[:: max(1, len(spec_out) // logprob_samples)], temperature,
+                         top_k, top_p)
+    return LosslessReport(
+        method=spec.method, samples_per_side=len(plain), tests=tests, alpha=alpha, min_p=min_p,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=1 + accepted / steps if steps else 1.0,
+        logprob_max_abs_err=err, logprob_atol=logprob_atol,
+        passed_distribution=min_p >= alpha / len(tests), passed_logprobs=err <= logprob_atol,
+        notes=[] if drafted_any else ["note: the drafter proposed nothing; this run did not exercise speculation"],
+    )
+
+
+def _logprob_error(model_dir: str, prompts, outputs, temperature, top_k, top_p) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.speculation.reference import processed_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    worst = 0.0
+    for p, r in outputs:
+        ref = processed_logprobs(model, prompts[p], list(r.token_ids), temperature, top_k, top_p)
+        diff = np.abs(np.asarray(r.logprobs) - ref.numpy())
+        worst = max(worst, float(np.nan_to_num(diff, nan=np.inf).max()))
+    return worst

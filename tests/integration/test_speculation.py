@@ -1,0 +1,143 @@
+"""Speculative decoding is lossless (proven per mechanism), the check has power, and drafter updates
+move acceptance the way they must."""
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from rollout_client import RolloutClient
+from rollout_service.config import SpeculationConfig
+from rollout_service.launcher import ServiceProcess
+from rollout_service.models import perturbed_copy
+from rollout_service.speculation.lossless import check_lossless, sample_plain
+from tests.integration.conftest import SERVICE_ARGS
+
+PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9]]
+NGRAM_PROMPTS = [[1] + [501, 502, 503, 504, 505] * 6, [1] + [900, 901, 902] * 8]
+ARGS = dict(samples=600, max_tokens=3, temperature=1.0, top_k=4)
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_model, tmp_path_factory):
+    """A noisy copy of the target: accepts often, rejects often enough to exercise resampling."""
+    return perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "noisy", scale=0.1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model):
+    return sample_plain(str(tiny_model), PROMPTS, **ARGS)
+
+
+def spec(drafter, method="draft_model"):
+    return SpeculationConfig(method=method, model=str(drafter), num_speculative_tokens=3)
+
+
+def test_draft_model_speculation_is_lossless(tiny_model, drafter, plain):
+    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain, **ARGS)
+    print(report.render())
+    assert report.passed, report.render()
+    assert 0.05 < report.acceptance_rate < 0.99, "the drafter should be neither useless nor perfect"
+
+
+def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter, plain):
+    """Unfixed, the rejection sampler reads garbage temperature/top-k: wrong samples and log-probs, or an
+    engine crash (garbage top-k out of range). Either way the check must say NOT LOSSLESS."""
+    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain,
+                            spec_env={"ROLLOUT_DISABLE_CPU_SPEC_FIX": "1"}, **ARGS)
+    print(report.render())
+    assert not report.passed and "NOT LOSSLESS" in report.render()
+
+
+def test_check_fails_on_a_temperature_mismatch(tiny_model, drafter, plain):
+    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain, spec_temperature=0.6, **ARGS)
+    print(report.render())
+    assert not report.passed_distribution
+
+
+def ngram_prompts(model_dir, bases):
+    """Prompts that already contain every likely first token (the model's top-4 after the prompt), so the
+    n-gram drafter finds a match right after the first generated token and proposes what followed it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    for base in bases:
+        prompt = list(base)
+        for _ in range(8):
+            with torch.no_grad():
+                top = model(torch.tensor([prompt])).logits[0, -1].topk(4).indices.tolist()
+            missing = [t for t in top if t not in prompt[:-1]]
+            if not missing:
+                break
+            prompt = prompt[:1] + [x for t in missing for x in (t, 700 + t % 50, 800 + t % 60)] + prompt[1:]
+        out.append(prompt)
+    return out
+
+
+def test_ngram_speculation_is_lossless(tiny_model):
+    prompts = ngram_prompts(tiny_model, NGRAM_PROMPTS)
+    report = check_lossless(str(tiny_model), SpeculationConfig(method="ngram", num_speculative_tokens=3,
+                                                               prompt_lookup_min=1, prompt_lookup_max=3),
+                            prompts, **ARGS)
+    print(report.render())
+    assert report.passed, report.render()
+    assert "proposed nothing" not in report.render(), "the prompts must make the n-gram drafter propose"
+
+
+# ---- a speculative service: telemetry and drafter updates --------------------------------------
+
+@pytest.fixture(scope="module")
+def spec_service(tiny_model, tmp_path_factory):
+    identical = perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "identical", scale=0.0)
+    svc = ServiceProcess(str(tiny_model), log_path=tmp_path_factory.mktemp("logs") / "spec.log",
+                         extra_args=SERVICE_ARGS + ["--speculation", "draft_model", "--draft-model", str(identical),
+                                                    "--num-speculative-tokens", "3"]).start()
+    with RolloutClient(svc.target) as c:
+        yield svc, c
+    assert svc.stop() == 0
+
+
+def acceptance(status, draft_version):
+    rows = [s for s in status.speculation if s.draft_version == draft_version]
+    assert rows, f"no speculation stats for drafter version {draft_version}: {status.speculation}"
+    return rows[-1]
+
+
+def test_identical_drafter_accepts_nearly_everything_and_worse_drafter_less(spec_service, tiny_model, drafter):
+    svc, c = spec_service
+    samples = list(c.generate(PROMPTS, n=4, max_tokens=24, ignore_eos=True, temperature=1.0))
+    assert all(s.num_drafted > 0 and s.draft_version == 0 for s in samples)
+    st = c.status()
+    assert st.speculation_method == "draft_model" and st.num_speculative_tokens == 3
+    same = acceptance(st, 0)
+    assert same.acceptance_rate > 0.9 and same.mean_acceptance_length > 3.0
+    assert len(same.per_position_acceptance) == 3 and same.per_position_acceptance[0] >= same.per_position_acceptance[2]
+
+    from transformers import AutoModelForCausalLM
+    worse = AutoModelForCausalLM.from_pretrained(drafter, dtype=torch.float32)
+    res = c.update_draft(worse, 1)
+    assert res.version == 1 and res.target == "drafter"
+    assert c.status().draft_version == 1 and c.status().policy_version == 0
+    samples = list(c.generate(PROMPTS, n=4, max_tokens=24, ignore_eos=True, temperature=1.0))
+    assert all(s.draft_version == 1 for s in samples)
+    lower = acceptance(c.status(), 1)
+    assert lower.acceptance_rate < same.acceptance_rate - 0.1, (lower, same)
+    code, text = svc.http_get("/metrics")
+    assert 'rollout_spec_accepted_tokens_total{draft_version="1",policy_version="0"}' in text
+
+    with pytest.raises(grpc.RpcError) as e:
+        c.update_draft(worse, 1)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_speculative_service_logprobs_match_reference(spec_service, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.speculation.reference import processed_logprobs
+
+    _, c = spec_service
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    for group in c.generate_all(PROMPTS, n=2, max_tokens=16, ignore_eos=True, temperature=0.9, top_p=0.95, seed=2):
+        for s in group:
+            ref = processed_logprobs(model, PROMPTS[s.prompt_index], s.token_ids.tolist(), 0.9, 0, 0.95)
+            np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=2e-3, rtol=0)
