@@ -42,6 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n", type=int, default=4)
     d.add_argument("--max-tokens", type=int, default=96)
     sub.add_parser("check-stubs", help="exit 1 when the committed gRPC stubs are stale")
+    pd = sub.add_parser("prepare-drafter", help="distill a 2-layer draft model for the default model on its own "
+                                                 "samples of the trainer task (once, cached; minutes on CPU)")
+    pd.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
+    pd.add_argument("--out", help="output directory (default: the cache)")
+    pd.add_argument("--layers", type=int, default=2)
+    pd.add_argument("--prompts", type=int, default=192)
+    pd.add_argument("--max-tokens", type=int, default=128)
+    pd.add_argument("--epochs", type=int, default=4)
+    pd.add_argument("--force", action="store_true")
     v = sub.add_parser("verify-lossless", help="prove speculative sampling matches plain sampling (G-tests) and "
                                                "that returned log-probs match an independent forward pass")
     v.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
@@ -124,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         from rollout_service.demo import run_demo
 
         return run_demo(resolve_model(args.model), args.prompts, args.n, args.max_tokens)
+    if args.cmd == "prepare-drafter":
+        from pathlib import Path
+
+        from rollout_service.speculation.drafters import prepare_draft_model
+
+        print(prepare_draft_model(resolve_model(args.model), Path(args.out) if args.out else None,
+                                  layers=args.layers, prompts=args.prompts, max_tokens=args.max_tokens,
+                                  epochs=args.epochs, force=args.force))
+        return 0
     if args.cmd == "verify-lossless":
         return cmd_verify_lossless(args)
     if args.cmd == "check-stubs":

@@ -24,10 +24,11 @@ class FakeEngine(Engine):
         self.aborted: list[str] = []
         self.seen: list[SeqRequest] = []
         self.events: list[tuple] = []     # control-plane calls, in order
-        self.weights: dict = {}           # tensors loaded by load_weights
+        self.weights: dict = {}           # tensors loaded by load_weights since start
         self.fail_load = 0                # fail the next N load_weights calls
 
     async def start(self) -> None:
+        self.weights = {}                 # a (re)started engine holds the checkpoint only
         self.state = EngineState.READY
 
     async def generate(self, req: SeqRequest) -> SeqResult:

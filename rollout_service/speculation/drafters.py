@@ -7,6 +7,7 @@ own samples for the trainer example's task: the RL domain the drafter has to pre
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -107,7 +108,7 @@ def distill(target, student, data, *, epochs: int, lr: float, batch: int, progre
 
 
 def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int = 2, prompts: int = 192,
-                        max_tokens: int = 128, epochs: int = 2, lr: float = 3e-4, batch: int = 8,
+                        max_tokens: int = 128, epochs: int = 4, lr: float = 1e-3, batch: int = 8,
                         force: bool = False) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,8 +118,16 @@ def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int
         return out
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(target_dir)
-    print(f"sampling {prompts} continuations of the task from the target ({target_dir}) with vLLM ...", flush=True)
-    data = sample_target(target_dir, task_prompts(tok, prompts), max_tokens)
+    cache = out.parent / f"{out.name}.samples-{prompts}x{max_tokens}.json"
+    if cache.exists():
+        data = [(p, g) for p, g in json.loads(cache.read_text())]
+        print(f"reusing {len(data)} cached target samples from {cache}", flush=True)
+    else:
+        print(f"sampling {prompts} continuations of the task from the target ({target_dir}) with vLLM ...",
+              flush=True)
+        data = sample_target(target_dir, task_prompts(tok, prompts), max_tokens)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(data))
     torch.set_num_threads(os.cpu_count() or 1)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     student = build_student(target, layers)

@@ -43,6 +43,7 @@ class WeightCommitter:
         self.versions = {"policy": 0, "drafter": 0}
         self.overlay: dict[str, dict[str, Path]] = {"policy": {}, "drafter": {}}   # name -> file with its value
         self.pushes = {"policy": 0, "drafter": 0}
+        self.restarts: list[asyncio.Task] = []
 
     def check_version(self, target: str, version: int) -> None:
         if self.checkpoints.get(target) is None:
@@ -60,9 +61,8 @@ class WeightCommitter:
         async with self.lock:
             self.check_version(target, version)      # again: a concurrent push may have won the race
             engines = [e for e in self.pool.engines if e.state is not EngineState.STOPPED]
-            t0 = time.perf_counter()
-            await asyncio.gather(*(e.pause(mode) for e in engines))
-            t_apply = time.perf_counter()
+            await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
+            t_apply = time.perf_counter()                              # from here on nothing generates
             loaded = []
             try:
                 for e in engines:
@@ -82,11 +82,31 @@ class WeightCommitter:
             await asyncio.gather(*(e.set_versions(self.versions["policy"], self.versions["drafter"])
                                    for e in engines))
             await asyncio.gather(*(e.resume() for e in engines))
-            pause_s = time.perf_counter() - t0
+            pause_s = time.perf_counter() - t_apply
             self._remember(files, names, target, version, keep_files)
             log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
                      target, version, len(names), len(engines), apply_s, pause_s)
             return CommitResult(version, target, apply_s, pause_s)
+
+    async def restart_at_committed(self, engine) -> None:
+        """Bring an unhealthy engine back: restart it from the checkpoints, replay every committed push
+        (policy and drafter overlays), label it with the committed versions. Runs under the push lock,
+        so no commit interleaves; the engine serves again only once it matches the others."""
+        async with self.lock:
+            try:
+                await engine.shutdown()
+                await engine.start()
+                engine.state = EngineState.PAUSED
+                for target in ("policy", "drafter"):
+                    for f in sorted(set(self.overlay[target].values())):
+                        await engine.load_weights(str(f), target)
+                await engine.set_versions(self.versions["policy"], self.versions["drafter"])
+                engine.state = EngineState.READY
+                log.info("%s restarted at policy version %d, drafter version %d", engine.id,
+                         self.versions["policy"], self.versions["drafter"])
+            except Exception:  # noqa: BLE001
+                engine.state = EngineState.UNHEALTHY
+                log.exception("%s: restart failed; it stays unhealthy", engine.id)
 
     def _remember(self, files: list[Path], names: list[str], target: str, version: int, keep: bool) -> None:
         """Record where each committed tensor's value lives, for rollback and engine restarts."""
@@ -119,8 +139,9 @@ class WeightCommitter:
                 try:
                     await e.load_weights(str(path), target)
                 except Exception:  # noqa: BLE001
-                    log.exception("%s: could not restore %s weights; marked unhealthy", e.id, target)
+                    log.exception("%s: could not restore %s weights; marked unhealthy, restarting it", e.id, target)
                     e.state = EngineState.UNHEALTHY
+                    self.restarts.append(asyncio.create_task(self.restart_at_committed(e)))
         finally:
             path.unlink(missing_ok=True)
 

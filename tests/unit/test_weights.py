@@ -94,13 +94,19 @@ def test_rollback_restores_checkpoint_values_for_never_pushed_tensors(setup):
     asyncio.run(main())
 
 
-def test_engine_that_cannot_be_restored_is_marked_unhealthy(setup):
+def test_engine_that_cannot_be_restored_is_restarted_at_the_committed_version(setup):
     async def main():
         pool, svc = await setup()
+        first = {"a.weight": torch.full((4, 3), 1.0)}
+        await push(svc, first, 1, partial=True)
         pool.engines[0].fail_load = 2           # fails the load and the restore
         with pytest.raises(ServiceError):
-            await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 1, partial=True)
-        assert pool.engines[0].state.name == "UNHEALTHY" and not pool.ready
+            await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 2, partial=True)
+        eng = pool.engines[0]
+        assert eng.state.name == "UNHEALTHY" and not pool.ready
+        await asyncio.gather(*svc.committer.restarts)
+        assert eng.state.name == "READY" and pool.ready
+        assert torch.equal(eng.weights["a.weight"], first["a.weight"]) and eng.policy_version == 1
     asyncio.run(main())
 
 
