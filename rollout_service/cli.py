@@ -26,6 +26,8 @@ def _serve_args(sub) -> None:
     p.add_argument("--draft-model", help="drafter directory for draft_model / eagle3")
     p.add_argument("--num-speculative-tokens", type=int, help="k, tokens drafted per step (default 3)")
     p.add_argument("--draft-sampling", choices=["probabilistic", "greedy"], help="how the drafter samples")
+    p.add_argument("--draft-cost", type=float, help="drafter step / target step, as bench/speculation.py measures "
+                                                      "it; enables the expected-speedup estimate and warning")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +96,8 @@ def cmd_serve(args) -> int:
                              "engine.dtype": args.dtype, "engine.speculation.method": args.speculation,
                              "engine.speculation.model": args.draft_model,
                              "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
-                             "engine.speculation.draft_sampling": args.draft_sampling})
+                             "engine.speculation.draft_sampling": args.draft_sampling,
+                             "engine.speculation.draft_cost": args.draft_cost})
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,8 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     draft_sampling: str = "probabilistic"   # probabilistic | greedy drafting (draft_model, eagle3, mtp)
     prompt_lookup_min: int = 2        # ngram only
     prompt_lookup_max: int = 5        # ngram only
+    draft_cost: float = -1.0          # one drafter step / one target step, as bench/speculation.py measures
+                                      # it (-1: unknown; ngram counts as 0); drives the break-even warning
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

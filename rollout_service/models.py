@@ -67,7 +67,7 @@ def prepare_default_model(force: bool = False) -> Path:
 
 
 def build_tiny_model(out: Path, *, layers: int = 2, hidden: int = 128, seed: int = 0,
-                     tokenizer_from: Path | None = None) -> Path:
+                     tokenizer_from: Path | None = None, tied: bool = False) -> Path:
     """A tiny random Llama with SmolLM2's tokenizer (vocab 49152), float32, built in seconds.
 
     The tokenizer comes from `tokenizer_from` (a model dir) or from the packaged GGUF.
@@ -83,14 +83,15 @@ def build_tiny_model(out: Path, *, layers: int = 2, hidden: int = 128, seed: int
     config = LlamaConfig(
         vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
         num_attention_heads=2, num_key_value_heads=1,  # head_dim 64: vLLM's CPU attention needs >= 32 max_position_embeddings=2048,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=tied,
         torch_dtype="float32", rope_theta=10000.0,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
     with torch.no_grad():  # logits with std ~4: next-token entropy ~3.7 nats, top token ~0.37, like an LM
         model.model.embed_tokens.weight.normal_(0, 1.0)
-        model.lm_head.weight.normal_(0, 4.0 / hidden ** 0.5)
+        if not tied:
+            model.lm_head.weight.normal_(0, 4.0 / hidden ** 0.5)
     _save_atomically(model, tok, out)
     return out
 

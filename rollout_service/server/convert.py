@@ -30,17 +30,24 @@ def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: boo
 
 
 def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len: int,
-                    spec_method: str = "none", k: int = 0) -> pb.Status:
+                    spec_method: str = "none", k: int = 0, draft_cost: float = -1.0) -> pb.Status:
     t = pool.telemetry
     tok_s, smp_s = t.rates()
-    spec = []
+    spec, warnings = [], []
+    cost = 0.0 if spec_method == "ngram" else draft_cost
     for (pv, dv), c in sorted(t.spec.items()):
         rate = c.accepted / c.drafted if c.drafted else 0.0
         mean_len = 1.0 + c.accepted / c.steps if c.steps else 1.0
+        expected = mean_len / (1 + cost * k) if cost >= 0 and c.steps else 0.0
+        if cost >= 0 and c.steps and expected < 1.0 and (pv, dv) == (pool.policy_version, pool.draft_version):
+            warnings.append(f"speculation is slowing generation: mean acceptance length {mean_len:.2f} with k={k} "
+                            f"and drafter cost {cost:.2f} gives {expected:.2f}x; use a better drafter, a smaller k, "
+                            "or no speculation")
         spec.append(pb.SpeculationStats(
             policy_version=pv, draft_version=dv, num_drafted=c.drafted, num_accepted=c.accepted,
             acceptance_rate=rate, mean_acceptance_length=mean_len,
-            per_position_acceptance=[a / c.steps for a in c.per_position] if c.steps else []))
+            per_position_acceptance=[a / c.steps for a in c.per_position] if c.steps else [],
+            expected_speedup=expected))
     return pb.Status(
         model=model, policy_version=pool.policy_version, draft_version=pool.draft_version,
         speculation_method=spec_method, num_speculative_tokens=k,
@@ -51,7 +58,7 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
         queue_depth=pool.depth, queue_capacity=pool.max_queue, tokens_per_second=tok_s,
         samples_per_second=smp_s, speculation=spec, ready=pool.ready, uptime_s=t.uptime(),
         samples_total=t.samples_total, tokens_total=t.tokens_total, vocab_size=vocab_size,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len, warnings=warnings,
     )
 
 

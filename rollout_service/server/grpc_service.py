@@ -22,6 +22,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
                  speculation: SpeculationConfig | None = None):
         self.speculation = speculation or SpeculationConfig()
+        self._warned: set[str] = set()
         self.pool = pool
         self.model = model
         self.limits = limits
@@ -64,8 +65,13 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def status(self) -> pb.Status:
         sp = self.speculation
         k = sp.num_speculative_tokens if sp.method != "none" else 0
-        return status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
-                               sp.method, k)
+        status = status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
+                                 sp.method, k, sp.draft_cost)
+        for w in status.warnings:
+            if w not in self._warned:
+                self._warned.add(w)
+                log.warning("%s", w)
+        return status
 
     # ---- control plane ---------------------------------------------------------------------------
     async def PushWeights(self, request_iterator, context) -> pb.PushResult:

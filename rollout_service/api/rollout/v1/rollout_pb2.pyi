@@ -244,7 +244,7 @@ class EngineStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., location: _Optional[str] = ..., running_sequences: _Optional[int] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., samples_finished: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("policy_version", "draft_version", "num_drafted", "num_accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance")
+    __slots__ = ("policy_version", "draft_version", "num_drafted", "num_accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "expected_speedup")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +252,7 @@ class SpeculationStats(_message.Message):
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPTANCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     PER_POSITION_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     draft_version: int
     num_drafted: int
@@ -259,7 +260,8 @@ class SpeculationStats(_message.Message):
     acceptance_rate: float
     mean_acceptance_length: float
     per_position_acceptance: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ...) -> None: ...
+    expected_speedup: float
+    def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
     __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len")

@@ -1,0 +1,48 @@
+"""Weight pushes into a model with tied embeddings (SmolLM2, the default model, is tied): the served
+log-probs must follow the pushed embedding/head, not a stale copy."""
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rollout_client import RolloutClient
+from rollout_service.launcher import ServiceProcess
+from rollout_service.models import build_tiny_model
+from rollout_service.speculation.reference import processed_logprobs
+from tests.integration.conftest import SERVICE_ARGS
+
+PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-tied", tied=True, seed=3)
+    svc = ServiceProcess(str(path), extra_args=SERVICE_ARGS,
+                         log_path=tmp_path_factory.mktemp("logs") / "tied.log").start()
+    with RolloutClient(svc.target) as c:
+        yield path, c
+    assert svc.stop() == 0
+
+
+def check(c, model, version):
+    for group in c.generate_all(PROMPTS, n=2, max_tokens=8, ignore_eos=True, temperature=1.0, seed=1):
+        for s in group:
+            assert s.policy_version == version
+            ref = processed_logprobs(model, PROMPTS[s.prompt_index], s.token_ids.tolist(), 1.0, 0, 1.0)
+            np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=2e-3, rtol=0)
+
+
+def test_push_into_tied_model_updates_embedding_and_head(tied):
+    path, c = tied
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert model.config.tie_word_embeddings
+    check(c, model, 0)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(1.7).add_(0.3 * torch.randn_like(model.model.embed_tokens.weight))
+    res = c.push_weights(model, 1)                  # the tied lm_head is sent once, under embed_tokens
+    assert res.num_tensors == len(model.state_dict()) - 1
+    check(c, model, 1)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(-1.0)
+    c.push_weights({"model.embed_tokens.weight": model.model.embed_tokens.weight}, 2, partial=True)
+    check(c, model, 2)
