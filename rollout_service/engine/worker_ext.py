@@ -46,6 +46,7 @@ class RolloutWorkerExtension:
             with set_current_vllm_config(self.vllm_config):
                 if target == "policy":
                     reload_weights(self.vllm_config, model, tensors, None, True)
+                    _refresh_tied_head(model, model_config)
                 else:
                     from vllm.model_executor.model_loader.reload import (
                         finalize_layerwise_reload, initialize_layerwise_reload)
@@ -53,4 +54,18 @@ class RolloutWorkerExtension:
                     initialize_layerwise_reload(model)
                     model.load_weights(tensors)
                     finalize_layerwise_reload(model, model_config)
+                    _refresh_tied_head(model, model_config)
         return len(names)
+
+
+def _refresh_tied_head(model, model_config) -> None:
+    """With tied embeddings the head shares the embedding's weight, but on CPU it keeps its own packed
+    copy for the GEMM. Layerwise reload re-packs only the layers it loaded, so a push that carries the
+    embedding without touching the head would leave the head stale: re-pack it from the shared weight.
+    Covered by tests/integration/test_tied_push.py."""
+    if not getattr(model_config.hf_config, "tie_word_embeddings", False):
+        return
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if head is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
