@@ -43,7 +43,10 @@ def expansion_is_broken() -> bool:
 
     x = torch.tensor([0.5, 0.0, 0.9])
     cu = torch.tensor([2, 3, 5], dtype=torch.int32)
-    got = rs.expand_batch_to_tokens(x, cu, 5, replace_from=0, replace_to=1)
+    try:
+        got = rs.expand_batch_to_tokens(x, cu, 5, replace_from=0, replace_to=1)
+    except (RuntimeError, TypeError):   # kernel unusable in this process (e.g. CPU overrides not registered)
+        return True
     return not torch.equal(got, torch.tensor([0.5, 0.5, 1.0, 0.9, 0.9]))
 
 
