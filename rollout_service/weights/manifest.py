@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollout_service.errors import invalid
+
 # safetensors header dtype names <-> the names the contract uses
 ST_TO_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
@@ -24,6 +26,34 @@ class Manifest:
 
     def allowed_dtypes(self, name: str) -> set[str]:
         return {self.tensors[name].dtype, self.serving_dtype}
+
+    def check_tensor(self, name: str, dtype: str, shape: tuple[int, ...], where: str = "") -> bool:
+        """Raise INVALID_ARGUMENT unless `name` is a model tensor of this shape and an accepted dtype.
+        Returns False for names that are accepted but ignored (a tied lm_head)."""
+        if name in self.ignored:
+            return False
+        spec = self.tensors.get(name)
+        if spec is None:
+            raise invalid(f"{where}tensor {name!r} is not a parameter of the served model (names follow the "
+                          "Hugging Face state dict of the checkpoint)")
+        if tuple(shape) != spec.shape:
+            raise invalid(f"{where}tensor {name!r}: shape {list(shape)} does not match the model's "
+                          f"{list(spec.shape)}")
+        allowed = self.allowed_dtypes(name)
+        if dtype not in allowed:
+            raise invalid(f"{where}tensor {name!r}: dtype {dtype!r} not accepted; send one of {sorted(allowed)}")
+        return True
+
+    def check_complete(self, names, partial: bool, where: str = "") -> bool:
+        """Raise unless `names` cover the model (or `partial`) and hold at least one model tensor.
+        Returns True when some model tensors are missing (a partial push)."""
+        missing = sorted(set(self.tensors) - set(names))
+        if missing and not partial:
+            raise invalid(f"{where}{len(missing)} of the model's tensors are missing (first: {missing[0]!r}); "
+                          "send all of them or set partial=true")
+        if not set(names) & set(self.tensors):
+            raise invalid(f"{where}no tensor of the served model found")
+        return bool(missing)
 
 
 def safetensors_files(path: Path) -> list[Path]:

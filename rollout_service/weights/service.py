@@ -75,12 +75,11 @@ class WeightService:
             stager.add(c.name, c.dtype, c.shape, c.offset, c.data)
         staged = stager.finish(staging_root())
         try:
-            names = _names(staged.path)
-            res = await self.committer.commit([staged.path], names, header.version, header.target, header.mode,
+            res = await self.committer.commit([staged.path], staged.names, header.version, header.target, header.mode,
                                               keep_files=False)
         finally:
             staged.discard()
-        return PushOutcome(res.version, header.target, staged.num_tensors, staged.num_bytes, staged.partial,
+        return PushOutcome(res.version, header.target, len(staged.names), staged.num_bytes, staged.partial,
                            staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0)
 
     async def load(self, path: str, version: int, target: str, mode: str, partial: bool) -> PushOutcome:
@@ -100,30 +99,12 @@ class WeightService:
         manifest = self.manifests[target]
         names, nbytes = [], 0
         for name, (found, size) in read_headers(files).items():
-            dtype, shape = found.dtype, found.shape
-            if name in manifest.ignored:
-                continue
-            spec = manifest.tensors.get(name)
-            if spec is None:
-                raise invalid(f"{path}: tensor {name!r} is not a parameter of the served model")
-            if shape != spec.shape:
-                raise invalid(f"{path}: tensor {name!r} has shape {list(shape)}, the model's is {list(spec.shape)}")
-            if dtype not in manifest.allowed_dtypes(name):
-                raise invalid(f"{path}: tensor {name!r} has dtype {dtype}; accepted: "
-                              f"{sorted(manifest.allowed_dtypes(name))}")
-            names.append(name)
-            nbytes += size
-        missing = set(manifest.tensors) - set(names)
-        if missing and not partial:
-            raise invalid(f"{path}: {len(missing)} of the model's tensors are missing (first: {sorted(missing)[0]!r}); "
-                          "pass partial=true to load a subset")
-        if not names:
-            raise invalid(f"{path}: no tensor of the served model found")
+            if manifest.check_tensor(name, found.dtype, found.shape, where=f"{path}: "):
+                names.append(name)
+                nbytes += size
+        missing = manifest.check_complete(names, partial, where=f"{path}: ")
         validate_s = time.perf_counter() - t_val
         res = await self.committer.commit(files, names, version, target, mode, keep_files=True)
-        return PushOutcome(res.version, target, len(names), nbytes, bool(missing), t_val - t0, validate_s,
+        return PushOutcome(res.version, target, len(names), nbytes, missing, t_val - t0, validate_s,
                            res.apply_s, res.pause_s, time.perf_counter() - t0)
 
-
-def _names(path: Path) -> list[str]:
-    return list(read_headers([path]))

@@ -43,7 +43,7 @@ class StagedWeights:
     """A validated push, written to `path` (a safetensors file), ready to commit."""
 
     path: Path
-    num_tensors: int
+    names: list[str]
     num_bytes: int
     partial: bool
     receive_s: float
@@ -72,18 +72,9 @@ class Stager:
         if self._bytes > self.total_bytes:
             raise invalid(f"header.total_bytes={self.total_bytes} but more tensor data arrived "
                           f"({self._bytes} bytes so far)")
-        if name in self.manifest.ignored:
+        if not self.manifest.check_tensor(name, dtype, shape):
             self._validate_s += time.perf_counter() - t
             return
-        spec = self.manifest.tensors.get(name)
-        if spec is None:
-            raise invalid(f"tensor {name!r} is not a parameter of the served model (names follow the Hugging "
-                          "Face state dict of the checkpoint)")
-        if tuple(shape) != spec.shape:
-            raise invalid(f"tensor {name!r}: shape {list(shape)} does not match the model's {list(spec.shape)}")
-        allowed = self.manifest.allowed_dtypes(name)
-        if dtype not in allowed:
-            raise invalid(f"tensor {name!r}: dtype {dtype!r} not accepted; send one of {sorted(allowed)}")
         buf = self._buffers.get(name)
         if buf is None:
             nbytes = int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[dtype]
@@ -114,12 +105,7 @@ class Stager:
         if short:
             raise invalid(f"tensor {short[0]!r} is incomplete ({self._buffers[short[0]].received} of "
                           f"{self._buffers[short[0]].data.size} bytes; {len(short)} incomplete in total)")
-        missing = sorted(set(self.manifest.tensors) - set(self._buffers))
-        if missing and not self.partial:
-            raise invalid(f"{len(missing)} of the model's tensors are missing (first: {missing[0]!r}); send all "
-                          "of them or set header.partial=true")
-        if not self._buffers:
-            raise invalid("the push carries no tensors of the model")
+        partial = self.manifest.check_complete(self._buffers, self.partial)
         tensors = {n: torch.from_numpy(b.data).view(getattr(torch, b.dtype)).reshape(b.shape)
                    for n, b in self._buffers.items()}
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -127,5 +113,5 @@ class Stager:
         os.close(fd)
         save_file(tensors, name)
         validate_s = self._validate_s + time.perf_counter() - t
-        return StagedWeights(Path(name), len(tensors), self._bytes, bool(missing), receive_s - self._validate_s,
+        return StagedWeights(Path(name), list(tensors), self._bytes, partial, receive_s - self._validate_s,
                              validate_s)
