@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 
 import grpc
 import uvicorn
@@ -74,6 +75,14 @@ class RolloutServer:
         self.grpc_port = self.grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.grpc_port} (port in use?)")
+        # Bind the HTTP port now, like gRPC's: uvicorn would bind only once the event loop runs its task,
+        # after engine start-up (which blocks the loop and opens vLLM's own sockets on free ports).
+        self.http_socket = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+        self.http_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.http_socket.bind((cfg.host, cfg.http_port))
+        except OSError as e:
+            raise OSError(f"cannot bind HTTP to {cfg.host}:{cfg.http_port}: {e}") from e
         self.http = uvicorn.Server(uvicorn.Config(build_http_app(self.servicer), host=cfg.host,
                                                   port=cfg.http_port, log_level="warning", lifespan="off"))
         self._stop = asyncio.Event()
@@ -83,7 +92,7 @@ class RolloutServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.grpc.start()
-        self._http_task = asyncio.create_task(self.http.serve())
+        self._http_task = asyncio.create_task(self.http.serve(sockets=[self.http_socket]))
         log.info("gRPC on %s:%d, HTTP on %s:%d; starting %d engine(s)", self.cfg.host, self.grpc_port,
                  self.cfg.host, self.cfg.http_port, len(self.pool.engines))
         await self.pool.start()
