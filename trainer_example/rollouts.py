@@ -1,0 +1,181 @@
+"""Rollouts: ask the service for a batch of GRPO groups, score them, and pack them into tensors.
+
+Everything that talks to the service goes through `rollout_client`; nothing here knows the RPCs.
+`Prefetcher` is the asynchronous mode's producer: it keeps one batch in flight while the trainer trains.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trainer_example.task import Problem, reward
+
+
+@dataclass
+class Rollout:
+    """One scored sample of one prompt."""
+
+    group: int
+    prompt_ids: list[int]
+    token_ids: np.ndarray          # int64 [gen_len]
+    rollout_logp: np.ndarray       # float32 [gen_len], what the service sampled from
+    reward: float
+    correct: bool
+    oldest_version: int            # lowest policy version that produced any of its tokens
+    draft_version: int
+    num_drafted: int
+    num_accepted: int
+    advantage: float = 0.0         # set by assign_advantages
+
+
+@dataclass
+class Batch:
+    rollouts: list[Rollout]
+    num_groups: int
+    generate_s: float              # wall time of the Generate call that produced it
+    requested_at_version: int
+
+
+def sample_oldest_version(s) -> int:
+    return min([v for v, _ in s.version_spans] or [s.policy_version])
+
+
+def generate_batch(client, problems: list[Problem], prompt_ids: list[list[int]], *, n: int, max_tokens: int,
+                   temperature: float, min_policy_version: int = 0) -> Batch:
+    """One Generate call: n samples for each prompt, scored by the task's pure reward."""
+    t0 = time.perf_counter()
+    groups = client.generate_all(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature,
+                                 return_text=True, min_policy_version=min_policy_version,
+                                 request_id=f"grpo-{uuid.uuid4().hex[:12]}")
+    out = []
+    for g, (problem, ids, samples) in enumerate(zip(problems, prompt_ids, groups)):
+        for s in samples:
+            r = reward(s.text, problem.answer)
+            out.append(Rollout(group=g, prompt_ids=ids, token_ids=s.token_ids, rollout_logp=s.logprobs, reward=r,
+                               correct=r == 1.0, oldest_version=sample_oldest_version(s),
+                               draft_version=s.draft_version, num_drafted=s.num_drafted,
+                               num_accepted=s.num_accepted))
+    return Batch(out, len(problems), time.perf_counter() - t0, min_policy_version)
+
+
+def assign_advantages(batch: "Batch", group_size: int) -> torch.Tensor:
+    """GRPO advantages from the whole groups (before any are dropped); returns rewards [groups, n]."""
+    from trainer_example.grpo import group_advantages
+
+    rewards = torch.tensor([r.reward for r in batch.rollouts], dtype=torch.float32).view(batch.num_groups,
+                                                                                         group_size)
+    for r, a in zip(batch.rollouts, group_advantages(rewards).flatten().tolist()):
+        r.advantage = a
+    return rewards
+
+
+def drop_stale(rollouts: list[Rollout], version: int, max_lag: int) -> tuple[list[Rollout], int]:
+    """Keep whole groups whose every sample came from a policy at most `max_lag` versions behind `version`.
+    A group with any stale sample is dropped as a whole (its advantages would be biased otherwise)."""
+    stale = {r.group for r in rollouts if version - r.oldest_version > max_lag}
+    kept = [r for r in rollouts if r.group not in stale]
+    return kept, len(rollouts) - len(kept)
+
+
+@dataclass
+class Packed:
+    """Right-padded tensors for a list of rollouts. Position t predicts token t + 1 ("shifted")."""
+
+    input_ids: torch.Tensor        # int64 [B, L]
+    attention_mask: torch.Tensor   # int64 [B, L]
+    targets: torch.Tensor          # int64 [B, L-1], input_ids[:, 1:]
+    gen_mask: torch.Tensor         # bool  [B, L-1], True where the target is a generated token
+    rollout_logp: torch.Tensor     # float32 [B, L-1], the service's log-prob of each generated target
+    advantages: torch.Tensor       # float32 [B]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.gen_mask.sum())
+
+    def select(self, rows) -> "Packed":
+        return Packed(self.input_ids[rows], self.attention_mask[rows], self.targets[rows], self.gen_mask[rows],
+                      self.rollout_logp[rows], self.advantages[rows])
+
+    def slice(self, rows: slice, width: int) -> "Packed":
+        """Rows `rows`, trimmed to `width` positions."""
+        return Packed(self.input_ids[rows, :width], self.attention_mask[rows, :width],
+                      self.targets[rows, :width - 1], self.gen_mask[rows, :width - 1],
+                      self.rollout_logp[rows, :width - 1], self.advantages[rows])
+
+
+def pack(rollouts: list[Rollout]) -> Packed:
+    seqs = [r.prompt_ids + r.token_ids.tolist() for r in rollouts]
+    width = max(len(s) for s in seqs)
+    b = len(seqs)
+    ids = torch.zeros(b, width, dtype=torch.long)
+    attn = torch.zeros(b, width, dtype=torch.long)
+    gen = torch.zeros(b, width - 1, dtype=torch.bool)
+    rlp = torch.zeros(b, width - 1, dtype=torch.float32)
+    for i, (r, s) in enumerate(zip(rollouts, seqs)):
+        p, g = len(r.prompt_ids), len(r.token_ids)
+        ids[i, :len(s)] = torch.tensor(s)
+        attn[i, :len(s)] = 1
+        gen[i, p - 1:p - 1 + g] = True
+        rlp[i, p - 1:p - 1 + g] = torch.from_numpy(np.asarray(r.rollout_logp, dtype=np.float32))
+    adv = torch.tensor([r.advantage for r in rollouts], dtype=torch.float32)
+    return Packed(ids, attn, ids[:, 1:], gen, rlp, adv)
+
+
+def micro_batches(packed: Packed, size: int):
+    """(rows, width) of successive groups of at most `size` rows; width is their longest row's length."""
+    for s in range(0, packed.input_ids.shape[0], size):
+        rows = slice(s, s + size)
+        yield rows, int(packed.attention_mask[rows].sum(1).max())
+
+
+class Prefetcher:
+    """Asynchronous RL's producer thread: generates the next batch while the trainer trains on this one.
+
+    Exactly one batch is generated ahead: `get()` hands over the batch requested one step earlier and asks
+    for the next, so a batch is at most one push older than the policy that trains on it (plus any further
+    pushes that land while it is still generating, which the "keep" commit mode records per token).
+    `version()` returns the trainer's latest pushed policy version; each request asks the service to admit
+    it only at a policy no older than version - max_lag (server-side staleness admission), and the trainer
+    still drops any group that came out staler than that (`drop_stale`)."""
+
+    def __init__(self, client, next_problems, version, *, max_lag: int, **gen_kwargs):
+        self.client, self.next_problems, self.version, self.max_lag = client, next_problems, version, max_lag
+        self.gen_kwargs = gen_kwargs
+        self.wanted: queue.Queue = queue.Queue()
+        self.ready: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="rollout-prefetch", daemon=True)
+
+    def start(self) -> "Prefetcher":
+        self.wanted.put(True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while self.wanted.get():
+            try:
+                problems, prompt_ids = self.next_problems()
+                self.ready.put(generate_batch(self.client, problems, prompt_ids,
+                                              min_policy_version=max(0, self.version() - self.max_lag),
+                                              **self.gen_kwargs))
+            except BaseException as e:      # handed to the trainer, which raises it
+                self.ready.put(e)
+
+    def get(self, more: bool = True) -> Batch:
+        """The batch requested at the previous call (or at start); requests the next one unless `more` is False."""
+        if more:
+            self.wanted.put(True)
+        item = self.ready.get()
+        if isinstance(item, BaseException):
+            raise RuntimeError(f"rollout generation failed: {item}") from item
+        return item
+
+    def stop(self) -> None:
+        """Ends the thread once the batch it is generating (if any) is done."""
+        self.wanted.put(False)
+        self.thread.join(timeout=600)

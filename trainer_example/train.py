@@ -1,0 +1,300 @@
+"""GRPO against the rollout service, synchronous or asynchronous, with online drafter adaptation.
+
+    rollout-grpo --steps 3                         # starts the service on the default model, trains 3 steps
+    rollout-grpo --target 127.0.0.1:50051 --mode async --steps 50 --out runs/async
+
+One step, top to bottom:
+  1. generate   GRPO groups from the service (sync: now; async: the batch prefetched during the last step),
+                drop groups older than --max-lag policy versions
+  2. recompute  the trainer's own log-probs of the sampled tokens (pi_old) and the start policy's (for KL)
+  3. train      clipped GRPO loss with truncated importance weights (grpo.py); the same forward pass's
+                logits teach the drafter (drafter.py)
+  4. push       the new policy weights every step (PushWeights), the drafter every --draft-every steps
+                (UpdateDraft); then evaluate on held-out problems every --eval-every steps
+The trainer talks to the service only through `rollout_client`.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from trainer_example import grpo
+from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, drop_stale, generate_batch,
+                                      micro_batches, pack)
+from trainer_example.task import reward, split
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="rollout-grpo", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", help="host:port of a running service (default: start one on --model)")
+    ap.add_argument("--model", help="policy directory (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--mode", choices=["sync", "async"], default="sync")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts (GRPO groups) per step")
+    ap.add_argument("--group-size", type=int, default=4, help="samples per prompt")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--clip-eps", type=float, default=0.2)
+    ap.add_argument("--is-cap", type=float, default=2.0, help="truncation of the importance weight pi_old/pi_rollout")
+    ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
+    ap.add_argument("--micro-batch", type=int, default=4, help="sequences per forward pass")
+    ap.add_argument("--max-lag", type=int, default=1, help="async: never train on samples older than this")
+    ap.add_argument("--speculation", choices=["draft_model", "ngram", "none"], default="draft_model",
+                    help="when this command starts the service")
+    ap.add_argument("--drafter", help="draft model directory (default: the cached distilled drafter, else one "
+                                      "built from the policy's first 2 layers)")
+    ap.add_argument("--adapt-drafter", action=argparse.BooleanOptionalAction, default=True,
+                    help="train the drafter online toward the policy and push it with UpdateDraft")
+    ap.add_argument("--draft-every", type=int, default=2, help="steps between drafter pushes")
+    ap.add_argument("--drafter-lr", type=float, default=1e-4)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-size", type=int, default=32)
+    ap.add_argument("--out", default="runs/grpo", help="directory for metrics.jsonl and the service log")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+class Trainer:
+    """The policy being trained, its frozen start copy (for KL), the optimiser, and the online drafter."""
+
+    def __init__(self, policy_dir: str, args, drafter_dir: str | None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from trainer_example.drafter import OnlineDrafter
+
+        self.args = args
+        self.tok = AutoTokenizer.from_pretrained(policy_dir)
+        self.policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        self.start = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0)
+        self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr) if drafter_dir and args.adapt_drafter else None
+
+    def encode(self, problems) -> list[list[int]]:
+        out = []
+        for p in problems:
+            ids = self.tok.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
+                                               tokenize=True)
+            out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        return out
+
+    @torch.no_grad()
+    def recompute(self, packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pi_old, pi_start) log-probs of every target token, [B, L-1] each."""
+        old = torch.zeros_like(packed.rollout_logp)
+        ref = torch.zeros_like(packed.rollout_logp)
+        self.policy.eval()
+        for rows, width in micro_batches(packed, self.args.micro_batch):
+            mb = packed.slice(rows, width)
+            for model, dest in ((self.policy, old), (self.start, ref)):
+                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+                dest[rows, :width - 1] = grpo.token_logprobs(logits, mb.targets)
+        return old, ref
+
+    def train(self, packed: Packed, old: torch.Tensor) -> dict:
+        """--minibatches optimiser steps over the batch; the drafter learns from the same forward passes."""
+        self.policy.train()
+        order = torch.randperm(packed.input_ids.shape[0])
+        stats, kl_draft = [], None
+        for part in order.chunk(self.args.minibatches):
+            mbatch = packed.select(part)
+            mb_old = old[part]
+            for rows, width in micro_batches(mbatch, self.args.micro_batch):
+                mb = mbatch.slice(rows, width)
+                logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+                logp = grpo.token_logprobs(logits, mb.targets)
+                loss, st = grpo.grpo_loss(logp, mb_old[rows, :width - 1], mb.rollout_logp, mb.advantages,
+                                          mb.gen_mask, clip_eps=self.args.clip_eps, is_cap=self.args.is_cap,
+                                          num_tokens=mbatch.num_tokens)
+                loss.backward()
+                stats.append(st)
+                if self.drafter is not None:
+                    self.drafter.learn(mb.input_ids, mb.attention_mask, mb.gen_mask, logits.detach(),
+                                       num_tokens=packed.num_tokens)
+            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        if self.drafter is not None:
+            kl_draft = self.drafter.step()
+        n = len(stats)
+        return {"loss": sum(s.loss for s in stats), "clip_fraction": sum(s.clip_fraction for s in stats) / n,
+                "is_weight_mean": sum(s.mean_is_weight for s in stats) / n,
+                "is_truncated_fraction": sum(s.truncated_fraction for s in stats) / n, "drafter_kl": kl_draft}
+
+
+def evaluate(client, trainer: Trainer, size: int, max_tokens: int) -> float:
+    """Held-out accuracy, greedy decoding."""
+    problems = split(size, eval=True)
+    groups = client.generate_all(trainer.encode(problems), n=1, max_tokens=max_tokens, temperature=0.0,
+                                 return_text=True)
+    return sum(reward(g[0].text, p.answer) == 1.0 for p, g in zip(problems, groups)) / len(problems)
+
+
+def speculation_summary(rollouts, k: int) -> dict:
+    drafted = sum(r.num_drafted for r in rollouts)
+    accepted = sum(r.num_accepted for r in rollouts)
+    if not drafted:
+        return {"acceptance_rate": None, "mean_acceptance_length": None}
+    rate = accepted / drafted
+    return {"acceptance_rate": rate, "mean_acceptance_length": 1 + k * rate,
+            "draft_versions": sorted({r.draft_version for r in rollouts})}
+
+
+def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> list[dict]:
+    from tqdm import tqdm
+
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    trainer = Trainer(policy_dir, args, drafter_dir)
+    status = client.status()
+    version, draft_version, k = status.policy_version, status.draft_version, status.num_speculative_tokens
+    gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature)
+    cursor = [0]
+
+    def next_problems():
+        problems = split(args.prompts, start=args.seed * 1_000_000 + cursor[0])
+        cursor[0] += args.prompts
+        return problems, trainer.encode(problems)
+
+    metrics_path = out / "metrics.jsonl"
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_file = open(metrics_path, "a")
+    eval_acc = eval_before = evaluate(client, trainer, args.eval_size, args.max_tokens)
+    print(f"held-out accuracy before training: {eval_acc:.3f} ({args.eval_size} problems)")
+    prefetch = None
+    if args.mode == "async":
+        prefetch = Prefetcher(client, next_problems, lambda: version, max_lag=args.max_lag, **gen).start()
+    rows, t_start = [], time.perf_counter()
+    bar = tqdm(range(args.steps), desc=f"GRPO {args.mode}", unit="step")
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            # 1. generate
+            batch = prefetch.get(more=step + 1 < args.steps) if prefetch else generate_batch(client, *next_problems(), **gen)
+            rewards = assign_advantages(batch, args.group_size)
+            rollouts, dropped = drop_stale(batch.rollouts, version, args.max_lag)
+            t1 = time.perf_counter()
+            row = {"step": step, "mode": args.mode, "eval_before": eval_before, "policy_version": version, "samples": len(rollouts),
+                   "dropped_stale": dropped, "max_lag_used": max((version - r.oldest_version for r in rollouts),
+                                                                 default=0),
+                   "reward_mean": float(rewards.mean()), "train_accuracy": float((rewards == 1.0).float().mean()),
+                   "format_rate": float((rewards > 0).float().mean()), **speculation_summary(rollouts, k)}
+            recompute_s = train_s = 0.0
+            if rollouts:
+                packed = pack(rollouts)
+                # 2. recompute
+                old, ref = trainer.recompute(packed)
+                d = (ref - old)[packed.gen_mask]
+                row["kl_to_start"] = float((torch.exp(d) - d - 1).mean())      # k3 estimator, per token
+                t2 = time.perf_counter()
+                recompute_s = t2 - t1
+                # 3. train
+                row.update(trainer.train(packed, old))
+                train_s = time.perf_counter() - t2
+            # 4. push
+            t3 = time.perf_counter()
+            version += 1
+            pushed = client.push_weights(trainer.policy, version, mode="keep" if prefetch else "wait")
+            if trainer.drafter is not None and (step + 1) % args.draft_every == 0:
+                draft_version += 1
+                client.update_draft(trainer.drafter.weights(), draft_version, partial=True,
+                                    mode="keep" if prefetch else "wait")
+            t4 = time.perf_counter()
+            if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+                eval_acc = evaluate(client, trainer, args.eval_size, args.max_tokens)
+                row["eval_accuracy"] = eval_acc
+            row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
+                       train_s=train_s, push_s=t4 - t3, push_pause_s=pushed.pause_s, step_s=t4 - t0,
+                       draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)
+            rows.append(row)
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", eval=f"{eval_acc:.2f}",
+                            accept=_fmt(row["acceptance_rate"]))
+            bar.write(step_line(row))
+    finally:
+        bar.close()
+        metrics_file.close()
+        if prefetch:
+            prefetch.stop()
+    return rows
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def step_line(r: dict) -> str:
+    return (f"step {r['step']:3d} v{r['policy_version']}->v{r['policy_version'] + 1}: "
+            f"generate {r['generate_s']:5.1f}s  recompute {r['recompute_s']:5.1f}s  train {r['train_s']:5.1f}s  "
+            f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
+            f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}  "
+            f"mean accepted length {_fmt(r['mean_acceptance_length'])}  drafter v{r['draft_version']}"
+            + (f"  held-out accuracy {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else ""))
+
+
+def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
+    if args.speculation != "draft_model":
+        return None
+    if args.drafter:
+        return args.drafter
+    from rollout_service.speculation.drafters import default_drafter_dir
+    from trainer_example.drafter import build_initial_drafter
+
+    cached = default_drafter_dir("draft_model")
+    if not args.model and (cached / "config.json").exists():
+        return str(cached)
+    return str(build_initial_drafter(policy_dir, out / "drafter-init"))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    from rollout_client import RolloutClient
+    from rollout_service.launcher import ServiceProcess
+    from rollout_service.models import prepare_default_model
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    policy_dir = args.model or str(prepare_default_model())
+    if args.target:
+        with RolloutClient(args.target) as client:
+            drafter = args.drafter if client.status().speculation_method == "draft_model" else None
+            rows = run(client, args, policy_dir, drafter, out)
+    else:
+        drafter = choose_drafter(args, policy_dir, out)
+        extra = ["--speculation", args.speculation] + (["--draft-model", drafter] if drafter else [])
+        print(f"starting rollout-service on {policy_dir} (speculation: {args.speculation}"
+              f"{', drafter ' + drafter if drafter else ''}); log: {out / 'service.log'}")
+        with ServiceProcess(policy_dir, extra_args=extra, log_path=out / "service.log") as svc:
+            with RolloutClient(svc.target) as client:
+                rows = run(client, args, policy_dir, drafter, out)
+    summary(rows, out)
+    return 0
+
+
+def summary(rows: list[dict], out: Path) -> None:
+    if not rows:
+        return
+    later = rows[1:] or rows
+    mean = {k: sum(r[k] for r in later) / len(later) for k in ("generate_s", "recompute_s", "train_s", "push_s",
+                                                                 "step_s")}
+    acc = [r for r in rows if r.get("acceptance_rate") is not None]
+    print(f"\n{len(rows)} steps; mean step {mean['step_s']:.1f} s = generate {mean['generate_s']:.1f} + recompute "
+          f"{mean['recompute_s']:.1f} + train {mean['train_s']:.1f} + push {mean['push_s']:.1f}"
+          + (" (first step excluded)" if len(rows) > 1 else ""))
+    if acc:
+        print("acceptance per step: " + ", ".join(f"{r['acceptance_rate']:.2f} (drafter v{r['draft_versions'][-1]})"
+                                                   for r in acc))
+    print(f"metrics: {out / 'metrics.jsonl'}  (plots: python -m trainer_example.plot {out / 'metrics.jsonl'})")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
