@@ -13,10 +13,20 @@ def _serve_args(sub) -> None:
     p.add_argument("--config", help="TOML or JSON config file (see README: Configuration)")
     p.add_argument("--model", help="local Hugging Face model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--engines", type=int, help="number of engines in this process's pool (default 1)")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1; others need authentication, see security)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 picks a free one)")
     p.add_argument("--http-port", type=int, help="HTTP port for /healthz /readyz /metrics /v1/status (default 8000)")
     p.add_argument("--max-queue", type=int, help="sequences admitted at once before RESOURCE_EXHAUSTED")
+    p.add_argument("--max-new-tokens", type=int, help="cap on sampling.max_tokens (default: the context length)")
+    p.add_argument("--max-streams-per-client", type=int, help="concurrent Generate streams per client (default 64)")
+    p.add_argument("--token-file", help="file holding the client bearer token (or env ROLLOUT_AUTH_TOKEN)")
+    p.add_argument("--admin-token-file", help="file holding the admin bearer token for weight/drafter pushes "
+                                              "(or env ROLLOUT_ADMIN_TOKEN)")
+    p.add_argument("--tls-cert", help="PEM server certificate (TLS on both ports)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", help="PEM CA that client certificates must chain to (mutual TLS)")
+    p.add_argument("--allow-insecure-remote", action="store_true", default=None,
+                   help="serve a non-loopback --host without authentication (trusted networks only)")
     p.add_argument("--max-model-len", type=int, help="context length per sequence (default 2048)")
     p.add_argument("--max-num-seqs", type=int, help="sequences each engine batches at once (default 64)")
     p.add_argument("--kv-cache-gb", type=float, help="KV cache per engine in GiB on CPU (default 2)")
@@ -90,18 +100,27 @@ def cmd_serve(args) -> int:
 
     try:
         cfg = load_config(args.config, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                          engines=args.engines, max_queue=args.max_queue,
+                          engines=args.engines, max_queue=args.max_queue, max_new_tokens=args.max_new_tokens,
+                          max_streams_per_client=args.max_streams_per_client,
                           **{"engine.model": args.model, "engine.max_model_len": args.max_model_len,
                              "engine.max_num_seqs": args.max_num_seqs, "engine.kv_cache_gb": args.kv_cache_gb,
                              "engine.dtype": args.dtype, "engine.speculation.method": args.speculation,
                              "engine.speculation.model": args.draft_model,
                              "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
                              "engine.speculation.draft_sampling": args.draft_sampling,
-                             "engine.speculation.draft_cost": args.draft_cost})
+                             "engine.speculation.draft_cost": args.draft_cost,
+                             "security.token_file": args.token_file, "security.admin_token_file": args.admin_token_file,
+                             "security.tls_cert": args.tls_cert, "security.tls_key": args.tls_key,
+                             "security.tls_client_ca": args.tls_client_ca,
+                             "security.allow_insecure_remote": args.allow_insecure_remote})
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
-    asyncio.run(serve(cfg, resolve_model(cfg.engine.model)))
+    try:
+        asyncio.run(serve(cfg, resolve_model(cfg.engine.model)))
+    except ConfigError as e:
+        print(f"rollout-service: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

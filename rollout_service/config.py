@@ -42,6 +42,18 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
 
+class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Authentication and TLS. Tokens are read from files (or ROLLOUT_AUTH_TOKEN / ROLLOUT_ADMIN_TOKEN), never
+    from the command line, and never logged."""
+
+    token_file: str = ""              # bearer token every RPC needs (HTTP too, except /healthz)
+    admin_token_file: str = ""        # bearer token PushWeights / UpdateDraft / LoadWeights need
+    tls_cert: str = ""                # PEM server certificate (chain); with tls_key: serve TLS on both ports
+    tls_key: str = ""                 # PEM private key
+    tls_client_ca: str = ""           # PEM CA: when set, clients must present a certificate it signed (mTLS)
+    allow_insecure_remote: bool = False   # serve a non-loopback address without authentication
+
+
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The whole server."""
 
@@ -53,9 +65,19 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_prompts_per_request: int = 256
     max_samples_per_prompt: int = 64
     max_message_mb: int = 64          # gRPC max receive/send message size
+    max_new_tokens: int = 0           # cap on sampling.max_tokens (0: up to the context length)
+    max_streams_per_client: int = 64  # concurrent Generate streams per client (token, or peer address)
     idempotency_ttl_s: float = 600.0  # how long finished requests are kept for replay
     shutdown_grace_s: float = 5.0
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
 
 
 class ConfigError(ValueError):
@@ -102,6 +124,13 @@ def _check(cfg: ServerConfig) -> None:
         (cfg.engine.dtype in ("auto", "bfloat16", "float16", "float32"),
          "engine.dtype must be one of auto, bfloat16, float16, float32"),
         (cfg.engine.kv_cache_gb > 0, "engine.kv_cache_gb must be > 0"),
+        (cfg.max_new_tokens >= 0, "max_new_tokens must be >= 0 (0: up to the context length)"),
+        (cfg.max_streams_per_client >= 1, "max_streams_per_client must be >= 1"),
+    ]
+    sec = cfg.security
+    rules += [
+        (bool(sec.tls_cert) == bool(sec.tls_key), "security: tls_cert and tls_key go together"),
+        (not sec.tls_client_ca or sec.tls_cert, "security.tls_client_ca needs tls_cert and tls_key (TLS)"),
     ]
     sp = cfg.engine.speculation
     rules += [

@@ -12,6 +12,18 @@ import urllib.request
 from pathlib import Path
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the parent dies (Linux PR_SET_PDEATHSIG), so a trainer or
+    test killed with SIGKILL never leaves a service and its engines running. The signal follows the thread
+    that started the child, so start services from a long-lived thread (the main one)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass                                                            # not Linux: stop() still cleans up
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -20,11 +32,23 @@ def free_port() -> int:
 
 class ServiceProcess:
     def __init__(self, model: str, *, extra_args: list[str] | None = None, log_path: str | Path | None = None,
-                 env: dict | None = None, startup_timeout: float = 600.0):
+                 env: dict | None = None, startup_timeout: float = 600.0, http_token: str | None = None,
+                 tls_ca: str | None = None, client_cert: tuple[str, str] | None = None):
+        """http_token: bearer token for the readiness probe; tls_ca / client_cert (cert, key): when the service
+        serves TLS (mutual TLS)."""
         self.grpc_port = free_port()
         self.http_port = free_port()
         self.target = f"127.0.0.1:{self.grpc_port}"
-        self.http = f"http://127.0.0.1:{self.http_port}"
+        self.http = f"{'https' if tls_ca else 'http'}://127.0.0.1:{self.http_port}"
+        self.http_token = http_token
+        self.ssl_context = None
+        if tls_ca:
+            import ssl
+
+            self.ssl_context = ssl.create_default_context(cafile=tls_ca)
+            self.ssl_context.check_hostname = False      # the probe dials 127.0.0.1; the chain is still verified
+            if client_cert:
+                self.ssl_context.load_cert_chain(*client_cert)
         self.model = model
         self.extra_args = extra_args or []
         self.log_path = Path(log_path) if log_path else None
@@ -36,7 +60,8 @@ class ServiceProcess:
         cmd = [sys.executable, "-m", "rollout_service.cli", "serve", "--model", self.model,
                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *self.extra_args]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -48,9 +73,12 @@ class ServiceProcess:
         self.stop()
         raise TimeoutError(f"rollout-service not ready after {self.startup_timeout:.0f} s")
 
-    def http_get(self, path: str) -> tuple[int, str]:
+    def http_get(self, path: str, token: str | None = None) -> tuple[int, str]:
+        """(status, body) of GET path; token defaults to http_token. (0, "") when nothing answers."""
+        token = token if token is not None else self.http_token
+        req = urllib.request.Request(self.http + path, headers={"Authorization": f"Bearer {token}"} if token else {})
         try:
-            with urllib.request.urlopen(self.http + path, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=5, context=self.ssl_context) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()

@@ -18,6 +18,7 @@ _SEED_MOD = 2**63 - 1
 class Limits:
     max_prompts_per_request: int
     max_samples_per_prompt: int
+    max_new_tokens: int = 0           # 0: up to the context length
 
 
 @dataclass
@@ -63,6 +64,9 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
         raise invalid(f"sampling.top_k: must be -1 or 0 (disabled) or >= 1, got {top_k}")
     if max_tokens < 1:
         raise invalid(f"sampling.max_tokens: must be >= 1, got {max_tokens}")
+    if limits.max_new_tokens and max_tokens > limits.max_new_tokens:
+        raise invalid(f"sampling.max_tokens: {max_tokens} exceeds the server's max_new_tokens="
+                      f"{limits.max_new_tokens}; lower max_tokens")
     if any(s == "" for s in sp.stop):
         raise invalid("sampling.stop: stop strings must be non-empty")
     for t in sp.stop_token_ids:

@@ -20,6 +20,8 @@ import copy
 import json
 import os
 import random
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -39,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8, help="prompts (GRPO groups) per step")
     ap.add_argument("--group-size", type=int, default=4, help="samples per prompt")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--clip-eps", type=float, default=0.2)
@@ -257,6 +259,8 @@ def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
+    # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: the service this trainer started is stopped cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from rollout_client import RolloutClient
     from rollout_service.launcher import ServiceProcess
     from rollout_service.models import prepare_default_model

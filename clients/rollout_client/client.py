@@ -5,16 +5,10 @@ from typing import AsyncIterator, Iterator
 
 import grpc
 
+from rollout_client.connection import Auth, open_channel
 from rollout_client.types import PushResult, Sample, build_request
 from rollout_client.weights import MODES, push_stream
 from rollout_service.api import pb, pb_grpc
-
-_MB = 1024 * 1024
-
-
-def _channel_options(max_message_mb: int) -> list[tuple[str, int]]:
-    return [("grpc.max_receive_message_length", max_message_mb * _MB),
-            ("grpc.max_send_message_length", max_message_mb * _MB)]
 
 
 class RolloutClient:
@@ -25,9 +19,15 @@ class RolloutClient:
                 print(s.prompt_index, s.sample_index, s.token_ids, s.logprobs.sum())
     """
 
-    def __init__(self, target: str, *, max_message_mb: int = 64):
+    def __init__(self, target: str, *, max_message_mb: int = 64, token: str | None = None,
+                 admin_token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None):
+        """token / admin_token: bearer tokens (default: env ROLLOUT_AUTH_TOKEN / ROLLOUT_ADMIN_TOKEN); the admin
+        token is needed for push_weights, update_draft and load_weights. tls_*: see connection.open_channel."""
         self._target = target
-        self.channel = grpc.insecure_channel(target, options=_channel_options(max_message_mb))
+        self.auth = Auth(token, admin_token)
+        self.channel = open_channel(target, max_message_mb=max_message_mb, tls_ca=tls_ca, tls_cert=tls_cert,
+                                    tls_key=tls_key)
         self.stub = pb_grpc.RolloutServiceStub(self.channel)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
@@ -35,7 +35,7 @@ class RolloutClient:
 
     def generate(self, prompts, *, timeout: float | None = None, **kwargs) -> Iterator[Sample]:
         """Stream samples as they finish. kwargs: see rollout_client.build_request."""
-        for m in self.stub.Generate(build_request(prompts, **kwargs), timeout=timeout):
+        for m in self.stub.Generate(build_request(prompts, **kwargs), timeout=timeout, metadata=self.auth.data()):
             yield Sample.from_proto(m)
 
     def generate_all(self, prompts, **kwargs) -> list[list[Sample]]:
@@ -47,7 +47,7 @@ class RolloutClient:
         return out  # type: ignore[return-value]
 
     def status(self, timeout: float | None = 10.0) -> pb.Status:
-        return self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+        return self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout, metadata=self.auth.data())
 
     def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
                      chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
@@ -58,21 +58,21 @@ class RolloutClient:
         """
         stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes)
-        return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout))
+        return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
                      chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
         """Push drafter weights (versioned independently of the policy)."""
         stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes)
-        return PushResult.from_proto(self.stub.UpdateDraft(stream, timeout=timeout))
+        return PushResult.from_proto(self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
                      partial: bool = False, timeout: float | None = None) -> PushResult:
         """Have the server load safetensors from `path` (a file or directory it can read)."""
         req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
                                     target=pb.TARGET_DRAFTER if target == "drafter" else pb.TARGET_POLICY)
-        return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout))
+        return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))
 
     def close(self) -> None:
         self.channel.close()
@@ -87,8 +87,12 @@ class RolloutClient:
 class AsyncRolloutClient:
     """asyncio client with the same methods as RolloutClient (awaitable / async iterators)."""
 
-    def __init__(self, target: str, *, max_message_mb: int = 64):
-        self.channel = grpc.aio.insecure_channel(target, options=_channel_options(max_message_mb))
+    def __init__(self, target: str, *, max_message_mb: int = 64, token: str | None = None,
+                 admin_token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None):
+        self.auth = Auth(token, admin_token)
+        self.channel = open_channel(target, max_message_mb=max_message_mb, tls_ca=tls_ca, tls_cert=tls_cert,
+                                    tls_key=tls_key, aio=True)
         self.stub = pb_grpc.RolloutServiceStub(self.channel)
 
     async def wait_ready(self, timeout: float = 300.0) -> None:
@@ -97,7 +101,7 @@ class AsyncRolloutClient:
         await asyncio.wait_for(self.channel.channel_ready(), timeout)
 
     async def generate(self, prompts, *, timeout: float | None = None, **kwargs) -> AsyncIterator[Sample]:
-        call = self.stub.Generate(build_request(prompts, **kwargs), timeout=timeout)
+        call = self.stub.Generate(build_request(prompts, **kwargs), timeout=timeout, metadata=self.auth.data())
         try:
             async for m in call:
                 yield Sample.from_proto(m)
@@ -112,25 +116,28 @@ class AsyncRolloutClient:
         return out  # type: ignore[return-value]
 
     async def status(self, timeout: float | None = 10.0) -> pb.Status:
-        return await self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+        return await self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout, metadata=self.auth.data())
 
     async def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
                            dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
         stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes)
-        return PushResult.from_proto(await self.stub.PushWeights(stream, timeout=timeout))
+        reply = await self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin())
+        return PushResult.from_proto(reply)
 
     async def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
                            dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
         stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes)
-        return PushResult.from_proto(await self.stub.UpdateDraft(stream, timeout=timeout))
+        reply = await self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin())
+        return PushResult.from_proto(reply)
 
     async def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
                            partial: bool = False, timeout: float | None = None) -> PushResult:
         req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
                                     target=pb.TARGET_DRAFTER if target == "drafter" else pb.TARGET_POLICY)
-        return PushResult.from_proto(await self.stub.LoadWeights(req, timeout=timeout))
+        reply = await self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin())
+        return PushResult.from_proto(reply)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -15,11 +15,13 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from rollout_service.api import pb, pb_grpc
+from rollout_service.api import pb
 from rollout_service.config import ServerConfig
 from rollout_service.engine.base import Engine
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
+from rollout_service.server.auth import AuthInterceptor, load_credentials, server_credentials
+from rollout_service.server.decoding import add_servicer
 from rollout_service.server.grpc_service import RolloutServicer
 from rollout_service.server.http_app import build_http_app
 from rollout_service.validation import Limits
@@ -61,18 +63,23 @@ class RolloutServer:
         sp = cfg.engine.speculation
         drafter = sp.model if sp.method in ("draft_model", "eagle3") else None
         self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path), drafter)
-        self.servicer = RolloutServicer(self.pool, model, Limits(cfg.max_prompts_per_request,
-                                                                 cfg.max_samples_per_prompt), self.weights, sp)
+        self.creds = load_credentials(cfg.security, cfg.host)
+        limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens)
+        self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp,
+                                        max_streams_per_client=cfg.max_streams_per_client, creds=self.creds)
         self.health = health.aio.HealthServicer()
         limit = cfg.max_message_mb * 1024 * 1024
         self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                             ("grpc.max_send_message_length", limit)])
-        pb_grpc.add_RolloutServiceServicer_to_server(self.servicer, self.grpc)
+                                             ("grpc.max_send_message_length", limit)],
+                                    interceptors=[AuthInterceptor(self.creds)] if self.creds else None)
+        add_servicer(self.servicer, self.grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.grpc)
-        self.grpc_port = self.grpc.add_insecure_port(f"{cfg.host}:{cfg.grpc_port}")
+        tls = server_credentials(cfg.security)
+        address = f"{cfg.host}:{cfg.grpc_port}"
+        self.grpc_port = self.grpc.add_secure_port(address, tls) if tls else self.grpc.add_insecure_port(address)
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC to {cfg.host}:{cfg.grpc_port} (port in use?)")
         # Bind the HTTP port now, like gRPC's: uvicorn would bind only once the event loop runs its task,
@@ -83,8 +90,14 @@ class RolloutServer:
             self.http_socket.bind((cfg.host, cfg.http_port))
         except OSError as e:
             raise OSError(f"cannot bind HTTP to {cfg.host}:{cfg.http_port}: {e}") from e
-        self.http = uvicorn.Server(uvicorn.Config(build_http_app(self.servicer), host=cfg.host,
-                                                  port=cfg.http_port, log_level="warning", lifespan="off"))
+        sec = cfg.security
+        ssl = dict(ssl_certfile=sec.tls_cert, ssl_keyfile=sec.tls_key) if sec.tls_cert else {}
+        if sec.tls_client_ca:
+            import ssl as _ssl
+
+            ssl.update(ssl_ca_certs=sec.tls_client_ca, ssl_cert_reqs=_ssl.CERT_REQUIRED)
+        self.http = uvicorn.Server(uvicorn.Config(build_http_app(self.servicer, self.creds), host=cfg.host,
+                                                  port=cfg.http_port, log_level="warning", lifespan="off", **ssl))
         self._stop = asyncio.Event()
 
     async def start(self) -> None:
@@ -93,8 +106,9 @@ class RolloutServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.grpc.start()
         self._http_task = asyncio.create_task(self.http.serve(sockets=[self.http_socket]))
-        log.info("gRPC on %s:%d, HTTP on %s:%d; starting %d engine(s)", self.cfg.host, self.grpc_port,
-                 self.cfg.host, self.cfg.http_port, len(self.pool.engines))
+        log.info("gRPC on %s:%d, HTTP on %s:%d (%s, %s); starting %d engine(s)", self.cfg.host, self.grpc_port,
+                 self.cfg.host, self.cfg.http_port, "TLS" if self.cfg.security.tls_cert else "plaintext",
+                 "bearer tokens" if self.creds else "no authentication", len(self.pool.engines))
         await self.pool.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -68,17 +68,25 @@ TARGETS = {pb.TARGET_UNSPECIFIED: "policy", pb.TARGET_POLICY: "policy", pb.TARGE
 TARGET_ENUM = {"policy": pb.TARGET_POLICY, "drafter": pb.TARGET_DRAFTER}
 
 
+def target_and_mode(target: int, in_flight: int, where: str) -> tuple[str, str]:
+    """Enum values from the wire; an unknown one (a newer client, a corrupt message) is INVALID_ARGUMENT."""
+    if target not in TARGETS:
+        raise invalid(f"{where}.target has an unknown value {target}; use TARGET_POLICY or TARGET_DRAFTER")
+    if in_flight not in MODES:
+        raise invalid(f"{where}.in_flight has an unknown value {in_flight}; use IN_FLIGHT_ABORT, "
+                      f"IN_FLIGHT_WAIT or IN_FLIGHT_KEEP")
+    return TARGETS[target], MODES[in_flight]
+
+
 def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:
-    target = TARGETS.get(h.target)
-    if target is None or h.in_flight not in MODES:
-        raise invalid(f"{rpc}: header.target or header.in_flight has an unknown value")
+    target, mode = target_and_mode(h.target, h.in_flight, f"{rpc}: header")
     if rpc == "UpdateDraft":
         if h.target not in (pb.TARGET_UNSPECIFIED, pb.TARGET_DRAFTER):
             raise invalid("UpdateDraft: header.target must be TARGET_DRAFTER (use PushWeights for the policy)")
         target = "drafter"
     elif target != "policy":
         raise invalid("PushWeights: header.target must be TARGET_POLICY (use UpdateDraft for the drafter)")
-    return Header(h.version, target, h.total_bytes, h.sha256, MODES[h.in_flight], h.partial)
+    return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial)
 
 
 def push_result_to_proto(o: PushOutcome) -> pb.PushResult:

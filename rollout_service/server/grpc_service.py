@@ -10,7 +10,8 @@ from rollout_service.config import SpeculationConfig
 from rollout_service.errors import ServiceError, invalid
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
-from rollout_service.server.convert import (MODES, TARGETS, header_from_proto, push_result_to_proto,
+from rollout_service.server.auth import Credentials, caller_id
+from rollout_service.server.convert import (header_from_proto, target_and_mode, push_result_to_proto,
                                             sample_to_proto, status_to_proto)
 from rollout_service.validation import Limits, check_generate
 from rollout_service.weights.service import Chunk, WeightService
@@ -20,8 +21,12 @@ log = logging.getLogger(__name__)
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
-                 speculation: SpeculationConfig | None = None):
+                 speculation: SpeculationConfig | None = None, *, max_streams_per_client: int = 64,
+                 creds: Credentials | None = None):
         self.speculation = speculation or SpeculationConfig()
+        self.max_streams_per_client = max_streams_per_client
+        self.creds = creds
+        self.streams: dict[str, int] = {}       # open Generate streams per caller_id
         self._warned: set[str] = set()
         self.pool = pool
         self.model = model
@@ -29,6 +34,23 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.weights = weights
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        caller = caller_id(context, self.creds)
+        if self.streams.get(caller, 0) >= self.max_streams_per_client:
+            self.pool.telemetry.m_requests.labels("RESOURCE_EXHAUSTED").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"max_streams_per_client={self.max_streams_per_client} Generate streams are already "
+                                f"open for this client ({caller}); wait for one to finish or batch more prompts "
+                                "into one request")
+        self.streams[caller] = self.streams.get(caller, 0) + 1
+        try:
+            async for sample in self._generate(request, context):
+                yield sample
+        finally:
+            self.streams[caller] -= 1
+            if not self.streams[caller]:
+                del self.streams[caller]
+
+    async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK
         try:
             checked = check_generate(request, self.model, self.limits)
@@ -105,9 +127,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     async def LoadWeights(self, request: pb.LoadWeightsRequest, context) -> pb.PushResult:
         try:
-            target = TARGETS.get(request.target, "policy")
-            out = await self.weights.load(request.path, request.version, target, MODES[request.in_flight],
-                                          request.partial)
+            target, mode = target_and_mode(request.target, request.in_flight, "LoadWeights: request")
+            out = await self.weights.load(request.path, request.version, target, mode, request.partial)
         except ServiceError as e:
             await context.abort(e.code, e.message)
         return push_result_to_proto(out)

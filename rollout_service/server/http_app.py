@@ -42,8 +42,13 @@ def status(request: Request) -> dict:
                          always_print_fields_with_no_presence=True)
 
 
-def build_http_app(servicer) -> FastAPI:
+def build_http_app(servicer, creds=None) -> FastAPI:
+    """creds: server.auth.Credentials; with them every path but /healthz needs a bearer token."""
     app = FastAPI(title="rollout-service", docs_url=None, redoc_url=None)
     app.state.servicer = servicer
+    if creds is not None:
+        from rollout_service.server.auth import http_middleware
+
+        app.middleware("http")(http_middleware(creds))
     app.include_router(router)
     return app

@@ -63,18 +63,29 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
+MAX_HEADER_BYTES = 100_000_000     # the safetensors format's own limit
+
+
 def read_headers(files: list[Path]) -> dict[str, tuple[TensorSpec, int]]:
-    """name -> (spec, byte size), from the safetensors headers of `files` (no tensor data is read)."""
+    """name -> (spec, byte size), from the safetensors headers of `files` (no tensor data is read).
+    A file that is not safetensors raises ValueError naming it (never reads an absurd length)."""
     out = {}
     for f in files:
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                start, end = meta["data_offsets"]
-                spec = TensorSpec(ST_TO_DTYPE.get(meta["dtype"], meta["dtype"].lower()), tuple(meta["shape"]))
-                out[name] = (spec, end - start)
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                if size < 8 or n > min(size - 8, MAX_HEADER_BYTES):
+                    raise ValueError("bad header length")
+                header = json.loads(fh.read(n))
+            for name, meta in header.items():
+                if name != "__metadata__":
+                    start, end = meta["data_offsets"]
+                    spec = TensorSpec(ST_TO_DTYPE.get(meta["dtype"], str(meta["dtype"]).lower()),
+                                      tuple(int(d) for d in meta["shape"]))
+                    out[name] = (spec, int(end) - int(start))
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{f} is not a readable safetensors file ({e})") from None
     return out
 
 

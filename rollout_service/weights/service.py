@@ -88,17 +88,18 @@ class WeightService:
         if version <= 0:
             raise invalid(f"version must be > 0, got {version}")
         self.committer.check_version(target, version)
-        p = Path(path)
-        if not p.exists():
-            raise invalid(f"path {path!r} does not exist on the server")
         try:
+            p = Path(path)
+            if not path or not p.exists():
+                raise invalid(f"path {path!r} does not exist on the server")
             files = safetensors_files(p)
-        except FileNotFoundError as e:
-            raise invalid(f"path {path!r}: {e}") from e
-        t_val = time.perf_counter()
+            t_val = time.perf_counter()
+            headers = read_headers(files)
+        except (OSError, ValueError) as e:      # not found, unreadable, not safetensors, NUL in the path
+            raise invalid(f"LoadWeights: path {path!r}: {e}") from None
         manifest = self.manifests[target]
         names, nbytes = [], 0
-        for name, (found, size) in read_headers(files).items():
+        for name, (found, size) in headers.items():
             if manifest.check_tensor(name, found.dtype, found.shape, where=f"{path}: "):
                 names.append(name)
                 nbytes += size

@@ -1,0 +1,144 @@
+"""Who may call what: bearer tokens on gRPC metadata and on the HTTP port, TLS credentials from files.
+
+Two tokens: the client token opens the data plane (Generate, GetStatus, reflection, HTTP status and
+metrics); the admin token opens everything, including the control plane (PushWeights, UpdateDraft,
+LoadWeights). gRPC health checks and HTTP /healthz stay open so probes need no secret. Tokens are
+compared in constant time and never logged: a client is named in logs and limits by a short hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from rollout_service.config import ConfigError, SecurityConfig, is_loopback
+
+log = logging.getLogger(__name__)
+
+ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in ("PushWeights", "UpdateDraft", "LoadWeights"))
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+OPEN_HTTP_PATHS = frozenset({"/healthz"})
+
+
+def _read_secret(path: str, env: str, what: str) -> str:
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"security.{what}: {p} is not a readable file")
+        value = p.read_text().strip()
+    else:
+        value = os.environ.get(env, "").strip()
+    if value and len(value) < 16:
+        raise ConfigError(f"security.{what} (or {env}): a token needs at least 16 characters")
+    return value
+
+
+def client_id(token: str) -> str:
+    """A name for a token that is safe to log."""
+    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:8]
+
+
+@dataclass(frozen=True, repr=False)
+class Credentials:
+    token: str
+    admin_token: str
+
+    def __repr__(self) -> str:          # never print the secrets
+        return "Credentials(<redacted>)"
+
+    def role(self, authorization: str | None) -> str | None:
+        """'admin', 'client' or None for an `authorization` header value."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        given = authorization[len("Bearer "):].strip().encode()
+        if hmac.compare_digest(given, self.admin_token.encode()):
+            return "admin"
+        if hmac.compare_digest(given, self.token.encode()):
+            return "client"
+        return None
+
+
+def load_credentials(sec: SecurityConfig, host: str) -> Credentials | None:
+    """The server's tokens (None: no authentication). Refuses a non-loopback bind without them unless
+    security.allow_insecure_remote is set."""
+    token = _read_secret(sec.token_file, "ROLLOUT_AUTH_TOKEN", "token_file")
+    admin = _read_secret(sec.admin_token_file, "ROLLOUT_ADMIN_TOKEN", "admin_token_file")
+    if bool(token) != bool(admin):
+        raise ConfigError("security: set both a client token and a separate admin token (token_file and "
+                          "admin_token_file, or ROLLOUT_AUTH_TOKEN and ROLLOUT_ADMIN_TOKEN), or neither")
+    if token and hmac.compare_digest(token, admin):
+        raise ConfigError("security: the admin token must differ from the client token")
+    if not token and not is_loopback(host):
+        if not sec.allow_insecure_remote:
+            raise ConfigError(f"refusing to serve {host} (not loopback) without authentication: set "
+                              "security.token_file and security.admin_token_file (and TLS), or set "
+                              "security.allow_insecure_remote = true if the network is trusted")
+        log.warning("serving %s without authentication (security.allow_insecure_remote)", host)
+    return Credentials(token, admin) if token else None
+
+
+def server_credentials(sec: SecurityConfig) -> grpc.ServerCredentials | None:
+    if not sec.tls_cert:
+        return None
+    key, cert = Path(sec.tls_key).read_bytes(), Path(sec.tls_cert).read_bytes()
+    ca = Path(sec.tls_client_ca).read_bytes() if sec.tls_client_ca else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def _denying_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str):
+    async def deny(_request, context):
+        await context.abort(code, message)
+
+    kind = ("stream" if handler.request_streaming else "unary") + "_" + \
+           ("stream" if handler.response_streaming else "unary")
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    return make(deny, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, creds: Credentials):
+        self.creds = creds
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        auth = next((v for k, v in (details.invocation_metadata or ()) if k == "authorization"), None)
+        role = self.creds.role(auth if isinstance(auth, str) else None)
+        if role is None:
+            return _denying_handler(handler, grpc.StatusCode.UNAUTHENTICATED,
+                                    f"{method}: missing or wrong bearer token; send metadata "
+                                    "'authorization: Bearer <token>' (RolloutClient(token=...))")
+        if method in ADMIN_METHODS and role != "admin":
+            return _denying_handler(handler, grpc.StatusCode.PERMISSION_DENIED,
+                                    f"{method} changes what the service serves and needs the admin token "
+                                    "(RolloutClient(admin_token=...))")
+        return handler
+
+
+def caller_id(context, creds: Credentials | None) -> str:
+    """Whom a call counts against for per-client limits: its token (hashed), else its peer address."""
+    if creds is not None:
+        auth = dict(context.invocation_metadata() or ()).get("authorization", "")
+        return client_id(auth)
+    peer = context.peer() or "unknown"              # "ipv4:127.0.0.1:53412"
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
+def http_middleware(creds: Credentials):
+    """FastAPI middleware: a bearer token (client or admin) on every path except /healthz."""
+    from fastapi.responses import JSONResponse
+
+    async def check(request, call_next):
+        if request.url.path not in OPEN_HTTP_PATHS and creds.role(request.headers.get("authorization")) is None:
+            return JSONResponse({"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>'"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+    return check

@@ -1,0 +1,73 @@
+"""Register the servicer with request parsing we control.
+
+grpc.aio parses requests before the handler runs and answers a malformed payload with UNKNOWN
+("Unexpected DecodeError"), which a client cannot tell from a server bug. Here the handlers receive raw
+bytes and parse them themselves: a payload that is not the method's protobuf is INVALID_ARGUMENT with
+the message type named. (Found by tests/integration/test_fuzz.py.)"""
+from __future__ import annotations
+
+import grpc
+from google.protobuf import message as pbmessage
+from google.protobuf.message_factory import GetMessageClass
+
+from rollout_service.api import pb
+from rollout_service.errors import ServiceError, invalid
+
+SERVICE = pb.DESCRIPTOR.services_by_name["RolloutService"]
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def _parse(cls, raw: bytes):
+    try:
+        return cls.FromString(raw)
+    except pbmessage.DecodeError as e:
+        raise invalid(f"the request is not a valid {cls.DESCRIPTOR.full_name} protobuf ({e}); "
+                      f"use the generated stubs or rollout_client") from None
+
+
+def _unary_request(method, cls):
+    async def handler(raw, context):
+        try:
+            request = _parse(cls, raw)
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return await method(request, context)
+
+    async def stream_handler(raw, context):
+        try:
+            request = _parse(cls, raw)
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        async for item in method(request, context):
+            yield item
+
+    return handler, stream_handler
+
+
+def _stream_request(method, cls):
+    async def handler(raw_iterator, context):
+        async def parsed():
+            async for raw in raw_iterator:
+                yield _parse(cls, raw)      # a ServiceError here ends the push like any invalid chunk
+        return await method(parsed(), context)
+    return handler
+
+
+def add_servicer(servicer, server: grpc.aio.Server) -> None:
+    handlers = {}
+    for m in SERVICE.methods:
+        cls, out = GetMessageClass(m.input_type), GetMessageClass(m.output_type)
+        fn = getattr(servicer, m.name)
+        kw = dict(request_deserializer=_identity, response_serializer=out.SerializeToString)
+        if m.client_streaming and not m.server_streaming:
+            handlers[m.name] = grpc.stream_unary_rpc_method_handler(_stream_request(fn, cls), **kw)
+        elif m.server_streaming and not m.client_streaming:
+            handlers[m.name] = grpc.unary_stream_rpc_method_handler(_unary_request(fn, cls)[1], **kw)
+        elif not m.server_streaming:
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_request(fn, cls)[0], **kw)
+        else:
+            raise NotImplementedError(f"{m.full_name}: bidirectional streams are not served")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
