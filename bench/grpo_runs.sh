@@ -2,14 +2,14 @@
 # Evidence for the GRPO trainer (not a test): one long sync run on the default model with speculation and
 # online drafter adaptation (held-out accuracy over time), then short runs that differ in one thing each,
 # for step-time ratios and acceptance with / without adaptation. Runs one after another (2 cores: never
-# two vLLM engines at once). ~75 min on 2 cores. Results: runs/<name>/metrics.jsonl, plots in runs/plots.
+# two vLLM engines at once). ~70 min on 2 cores. Results: runs/<name>/metrics.jsonl, plots in runs/plots.
 #   bash bench/grpo_runs.sh [LONG_STEPS] [SHORT_STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 long=${1:-12}
 short=${2:-4}
 py=${PYTHON:-.venv/bin/python}
-common=(--prompts 8 --group-size 4 --max-tokens 96 --lr 2e-5 --eval-size 48)
+common=(--prompts 8 --group-size 8 --max-tokens 64 --lr 5e-6 --eval-size 96)
 run() { name=$1; shift; echo "=== $name: $*"; rm -rf "runs/$name"; "$py" -m trainer_example.train "${common[@]}" --out "runs/$name" "$@"; }
 run sync-spec-adapt   --mode sync  --steps "$long"  --eval-every 3 --speculation draft_model --adapt-drafter
 run sync-nospec       --mode sync  --steps "$short" --eval-every 100 --speculation none

@@ -27,6 +27,10 @@ def _serve_args(sub) -> None:
     p.add_argument("--tls-client-ca", help="PEM CA that client certificates must chain to (mutual TLS)")
     p.add_argument("--allow-insecure-remote", action="store_true", default=None,
                    help="serve a non-loopback --host without authentication (trusted networks only)")
+    p.add_argument("--ray-address", help="run the engines as Ray actors on this cluster (auto: the local one)")
+    p.add_argument("--ray-cpus-per-engine", type=float, help="CPUs reserved per engine actor (default 1)")
+    p.add_argument("--ray-gpus-per-engine", type=int, help="GPUs per engine actor (GPU nodes; default 0)")
+    p.add_argument("--tensor-parallel-size", type=int, help="GPUs each engine shards the model over (default 1)")
     p.add_argument("--max-model-len", type=int, help="context length per sequence (default 2048)")
     p.add_argument("--max-num-seqs", type=int, help="sequences each engine batches at once (default 64)")
     p.add_argument("--kv-cache-gb", type=float, help="KV cache per engine in GiB on CPU (default 2)")
@@ -112,7 +116,10 @@ def cmd_serve(args) -> int:
                              "security.token_file": args.token_file, "security.admin_token_file": args.admin_token_file,
                              "security.tls_cert": args.tls_cert, "security.tls_key": args.tls_key,
                              "security.tls_client_ca": args.tls_client_ca,
-                             "security.allow_insecure_remote": args.allow_insecure_remote})
+                             "security.allow_insecure_remote": args.allow_insecure_remote,
+                             "ray.address": args.ray_address, "ray.cpus_per_engine": args.ray_cpus_per_engine,
+                             "ray.gpus_per_engine": args.ray_gpus_per_engine,
+                             "engine.tensor_parallel_size": args.tensor_parallel_size})
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = True
     seed: int = 0
+    tensor_parallel_size: int = 1     # GPUs per engine (GPU nodes)
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
 
@@ -52,6 +53,14 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tls_key: str = ""                 # PEM private key
     tls_client_ca: str = ""           # PEM CA: when set, clients must present a certificate it signed (mTLS)
     allow_insecure_remote: bool = False   # serve a non-loopback address without authentication
+
+
+class RayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Engines as Ray actors (engine/ray_engine.py); empty address: engines in this process."""
+
+    address: str = ""                 # "auto" (the local cluster), or "HOST:6379"
+    cpus_per_engine: float = 1.0      # CPUs reserved in each engine's placement group
+    gpus_per_engine: int = 0          # GPUs per engine (GPU nodes: = engine.tensor_parallel_size)
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -71,6 +80,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     shutdown_grace_s: float = 5.0
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -126,6 +136,9 @@ def _check(cfg: ServerConfig) -> None:
         (cfg.engine.kv_cache_gb > 0, "engine.kv_cache_gb must be > 0"),
         (cfg.max_new_tokens >= 0, "max_new_tokens must be >= 0 (0: up to the context length)"),
         (cfg.max_streams_per_client >= 1, "max_streams_per_client must be >= 1"),
+        (cfg.engine.tensor_parallel_size >= 1, "engine.tensor_parallel_size must be >= 1"),
+        (cfg.ray.cpus_per_engine > 0 and cfg.ray.gpus_per_engine >= 0,
+         "ray.cpus_per_engine must be > 0 and ray.gpus_per_engine >= 0"),
     ]
     sec = cfg.security
     rules += [

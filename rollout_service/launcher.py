@@ -12,16 +12,24 @@ import urllib.request
 from pathlib import Path
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the parent dies (Linux PR_SET_PDEATHSIG), so a trainer or
-    test killed with SIGKILL never leaves a service and its engines running. The signal follows the thread
-    that started the child, so start services from a long-lived thread (the main one)."""
+def _load_prctl():
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG = 1
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass                                                            # not Linux: stop() still cleans up
+        return None
+
+
+_PRCTL = _load_prctl() if sys.platform == "linux" else None     # resolved before any fork
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the parent dies (Linux PR_SET_PDEATHSIG), so a trainer or
+    test killed with SIGKILL never leaves a service and its engines running. The signal follows the thread
+    that started the child, so start services from a long-lived thread (the main one). Only a C call runs
+    here (no imports, no locks), as a preexec_fn in a threaded parent must."""
+    _PRCTL(1, signal.SIGTERM)                                   # PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -61,7 +69,7 @@ class ServiceProcess:
                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *self.extra_args]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                     preexec_fn=_die_with_parent if _PRCTL else None)  # noqa: PLW1509
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

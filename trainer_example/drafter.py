@@ -48,12 +48,13 @@ class OnlineDrafter:
         self.losses: list[float] = []
 
     def learn(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen_mask: torch.Tensor,
-              policy_logits: torch.Tensor, num_tokens: int) -> None:
+              policy_logits: torch.Tensor, num_tokens: int, temperature: float = 1.0) -> None:
         """input_ids, attention_mask [B, L]; gen_mask [B, L-1]; policy_logits [B, L-1, V] (detached).
-        Accumulates gradients for one micro-batch; `step()` applies them."""
+        Both distributions at the sampling temperature (vLLM drafts and verifies at it), so acceptance is
+        what the KL is taken over. Accumulates gradients for one micro-batch; `step()` applies them."""
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-        d_logp = F.log_softmax(logits[gen_mask].float(), -1)
-        p_logp = F.log_softmax(policy_logits[gen_mask].float(), -1)
+        d_logp = F.log_softmax(logits[gen_mask].float() / temperature, -1)
+        p_logp = F.log_softmax(policy_logits[gen_mask].float() / temperature, -1)
         loss = F.kl_div(d_logp, p_logp, log_target=True, reduction="sum") / max(num_tokens, 1)
         loss.backward()
         self.losses.append(float(loss.detach()))

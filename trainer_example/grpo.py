@@ -58,7 +58,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Te
     return loss, stats
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """logits [B, T, V], targets [B, T] -> log p(target) [B, T] (float32), without a [B, T, V] log-softmax copy."""
-    logits = logits.float()
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """logits [B, T, V], targets [B, T] -> log p(target) [B, T] (float32) under softmax(logits / temperature),
+    the distribution the service samples from and returns log-probs of; no [B, T, V] log-softmax copy."""
+    logits = logits.float() / temperature
     return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)

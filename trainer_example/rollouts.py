@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainer_example.task import Problem, reward
+from trainer_example.task import Problem, correct, extract_answer, reward
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Rollout:
     num_drafted: int
     num_accepted: int
     advantage: float = 0.0         # set by assign_advantages
+    answer_line: bool = False      # stated its answer on an 'Answer: N' line
 
 
 @dataclass
@@ -56,11 +57,11 @@ def generate_batch(client, problems: list[Problem], prompt_ids: list[list[int]],
     out = []
     for g, (problem, ids, samples) in enumerate(zip(problems, prompt_ids, groups)):
         for s in samples:
-            r = reward(s.text, problem.answer)
-            out.append(Rollout(group=g, prompt_ids=ids, token_ids=s.token_ids, rollout_logp=s.logprobs, reward=r,
-                               correct=r == 1.0, oldest_version=sample_oldest_version(s),
-                               draft_version=s.draft_version, num_drafted=s.num_drafted,
-                               num_accepted=s.num_accepted))
+            out.append(Rollout(group=g, prompt_ids=ids, token_ids=s.token_ids, rollout_logp=s.logprobs,
+                               reward=reward(s.text, problem.answer), correct=correct(s.text, problem.answer),
+                               oldest_version=sample_oldest_version(s), draft_version=s.draft_version,
+                               num_drafted=s.num_drafted, num_accepted=s.num_accepted,
+                               answer_line=extract_answer(s.text) is not None))
     return Batch(out, len(problems), time.perf_counter() - t0, min_policy_version)
 
 

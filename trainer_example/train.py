@@ -30,7 +30,7 @@ import torch
 from trainer_example import grpo
 from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, drop_stale, generate_batch,
                                       micro_batches, pack)
-from trainer_example.task import reward, split
+from trainer_example.task import correct, extract_answer, split
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,9 +41,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8, help="prompts (GRPO groups) per step")
     ap.add_argument("--group-size", type=int, default=4, help="samples per prompt")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.5,
+                    help="sampling temperature; the trainer's log-probs use logits / T to match the sampler's. "
+                         "0.5: SmolLM2-135M at 1.0 almost never answers correctly, so GRPO groups carry no signal")
+    ap.add_argument("--engine-dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+                    help="dtype of the service the trainer starts (float32 matches the trainer's own numerics)")
+    ap.add_argument("--max-ops", type=int, default=1, help="operations per word problem: 1..max-ops (task.py)")
+    ap.add_argument("--lr", type=float, default=5e-6)
     ap.add_argument("--clip-eps", type=float, default=0.2)
     ap.add_argument("--is-cap", type=float, default=2.0, help="truncation of the importance weight pi_old/pi_rollout")
     ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
@@ -97,7 +102,7 @@ class Trainer:
             mb = packed.slice(rows, width)
             for model, dest in ((self.policy, old), (self.start, ref)):
                 logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-                dest[rows, :width - 1] = grpo.token_logprobs(logits, mb.targets)
+                dest[rows, :width - 1] = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
         return old, ref
 
     def train(self, packed: Packed, old: torch.Tensor) -> dict:
@@ -111,7 +116,7 @@ class Trainer:
             for rows, width in micro_batches(mbatch, self.args.micro_batch):
                 mb = mbatch.slice(rows, width)
                 logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-                logp = grpo.token_logprobs(logits, mb.targets)
+                logp = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
                 loss, st = grpo.grpo_loss(logp, mb_old[rows, :width - 1], mb.rollout_logp, mb.advantages,
                                           mb.gen_mask, clip_eps=self.args.clip_eps, is_cap=self.args.is_cap,
                                           num_tokens=mbatch.num_tokens)
@@ -119,7 +124,7 @@ class Trainer:
                 stats.append(st)
                 if self.drafter is not None:
                     self.drafter.learn(mb.input_ids, mb.attention_mask, mb.gen_mask, logits.detach(),
-                                       num_tokens=packed.num_tokens)
+                                       num_tokens=packed.num_tokens, temperature=self.args.temperature)
             torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
@@ -131,12 +136,14 @@ class Trainer:
                 "is_truncated_fraction": sum(s.truncated_fraction for s in stats) / n, "drafter_kl": kl_draft}
 
 
-def evaluate(client, trainer: Trainer, size: int, max_tokens: int) -> float:
-    """Held-out accuracy, greedy decoding."""
-    problems = split(size, eval=True)
+def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int) -> tuple[float, float]:
+    """Held-out (accuracy, answer-line rate), greedy decoding, on seeds disjoint from training."""
+    problems = split(size, eval=True, max_ops=max_ops)
     groups = client.generate_all(trainer.encode(problems), n=1, max_tokens=max_tokens, temperature=0.0,
                                  return_text=True)
-    return sum(reward(g[0].text, p.answer) == 1.0 for p, g in zip(problems, groups)) / len(problems)
+    texts = [g[0].text for g in groups]
+    return (sum(correct(t, p.answer) for p, t in zip(problems, texts)) / len(problems),
+            sum(extract_answer(t) is not None for t in texts) / len(problems))
 
 
 def speculation_summary(rollouts, k: int) -> dict:
@@ -161,15 +168,17 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     cursor = [0]
 
     def next_problems():
-        problems = split(args.prompts, start=args.seed * 1_000_000 + cursor[0])
+        problems = split(args.prompts, start=args.seed * 1_000_000 + cursor[0], max_ops=args.max_ops)
         cursor[0] += args.prompts
         return problems, trainer.encode(problems)
 
     metrics_path = out / "metrics.jsonl"
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_file = open(metrics_path, "a")
-    eval_acc = eval_before = evaluate(client, trainer, args.eval_size, args.max_tokens)
-    print(f"held-out accuracy before training: {eval_acc:.3f} ({args.eval_size} problems)")
+    eval_acc, eval_format = evaluate(client, trainer, args.eval_size, args.max_tokens, args.max_ops)
+    eval_before = eval_acc
+    print(f"held-out accuracy before training: {eval_acc:.3f}, answer lines {eval_format:.3f} "
+          f"({args.eval_size} problems, greedy)")
     prefetch = None
     if args.mode == "async":
         prefetch = Prefetcher(client, next_problems, lambda: version, max_lag=args.max_lag, **gen).start()
@@ -186,8 +195,10 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             row = {"step": step, "mode": args.mode, "eval_before": eval_before, "policy_version": version, "samples": len(rollouts),
                    "dropped_stale": dropped, "max_lag_used": max((version - r.oldest_version for r in rollouts),
                                                                  default=0),
-                   "reward_mean": float(rewards.mean()), "train_accuracy": float((rewards == 1.0).float().mean()),
-                   "format_rate": float((rewards > 0).float().mean()), **speculation_summary(rollouts, k)}
+                   "reward_mean": float(rewards.mean()),
+                   "train_accuracy": sum(r.correct for r in batch.rollouts) / len(batch.rollouts),
+                   "format_rate": sum(r.answer_line for r in batch.rollouts) / len(batch.rollouts),
+                   **speculation_summary(rollouts, k)}
             recompute_s = train_s = 0.0
             if rollouts:
                 packed = pack(rollouts)
@@ -210,8 +221,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                                     mode="keep" if prefetch else "wait")
             t4 = time.perf_counter()
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-                eval_acc = evaluate(client, trainer, args.eval_size, args.max_tokens)
-                row["eval_accuracy"] = eval_acc
+                eval_acc, eval_format = evaluate(client, trainer, args.eval_size, args.max_tokens, args.max_ops)
+                row["eval_accuracy"], row["eval_format_rate"] = eval_acc, eval_format
             row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
                        train_s=train_s, push_s=t4 - t3, push_pause_s=pushed.pause_s, step_s=t4 - t0,
                        draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)
@@ -274,7 +285,8 @@ def main(argv=None) -> int:
             rows = run(client, args, policy_dir, drafter, out)
     else:
         drafter = choose_drafter(args, policy_dir, out)
-        extra = ["--speculation", args.speculation] + (["--draft-model", drafter] if drafter else [])
+        extra = ["--dtype", args.engine_dtype, "--speculation", args.speculation]
+        extra += ["--draft-model", drafter] if drafter else []
         print(f"starting rollout-service on {policy_dir} (speculation: {args.speculation}"
               f"{', drafter ' + drafter if drafter else ''}); log: {out / 'service.log'}")
         with ServiceProcess(policy_dir, extra_args=extra, log_path=out / "service.log") as svc:

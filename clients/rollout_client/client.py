@@ -49,6 +49,10 @@ class RolloutClient:
     def status(self, timeout: float | None = 10.0) -> pb.Status:
         return self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout, metadata=self.auth.data())
 
+    def scale_engines(self, engines: int, timeout: float | None = None) -> pb.Status:
+        """Grow or shrink the engine pool (admin token); returns once the pool has `engines` engines."""
+        return self.stub.ScaleEngines(pb.ScaleRequest(engines=engines), timeout=timeout, metadata=self.auth.admin())
+
     def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
                      chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
         """Push policy weights (an nn.Module or a name->tensor dict), streamed in chunks.
@@ -117,6 +121,10 @@ class AsyncRolloutClient:
 
     async def status(self, timeout: float | None = 10.0) -> pb.Status:
         return await self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout, metadata=self.auth.data())
+
+    async def scale_engines(self, engines: int, timeout: float | None = None) -> pb.Status:
+        return await self.stub.ScaleEngines(pb.ScaleRequest(engines=engines), timeout=timeout,
+                                            metadata=self.auth.admin())
 
     async def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
                            dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:

@@ -24,6 +24,14 @@ class Engine(abc.ABC):
         self.location = "local"
         self.policy_version = 0
         self.draft_version = 0
+        self.restarts = 0                 # times the supervisor brought it back after it died
+
+    def alive(self) -> bool:
+        """Whether the engine's processes are still there (checked by pool.supervisor every second)."""
+        return True
+
+    def death_reason(self) -> str:
+        return ""
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -26,14 +26,34 @@ class FakeEngine(Engine):
         self.events: list[tuple] = []     # control-plane calls, in order
         self.weights: dict = {}           # tensors loaded by load_weights since start
         self.fail_load = 0                # fail the next N load_weights calls
+        self.dead = False                 # kill(): the engine's "process" is gone
+        self.starts = 0
+        self.fail_starts = 0              # fail the next N start calls
+
+    def kill(self) -> None:
+        """Simulate the engine process dying: pending and new generate calls raise, alive() is False."""
+        self.dead = True
+
+    def alive(self) -> bool:
+        return not self.dead
+
+    def death_reason(self) -> str:
+        return "killed" if self.dead else ""
 
     async def start(self) -> None:
+        self.starts += 1
+        if self.fail_starts:
+            self.fail_starts -= 1
+            raise RuntimeError("injected start failure")
         self.weights = {}                 # a (re)started engine holds the checkpoint only
+        self.dead = False
         self.state = EngineState.READY
 
     async def generate(self, req: SeqRequest) -> SeqResult:
         self.calls += 1
         self.seen.append(req)
+        if self.dead:
+            raise RuntimeError("engine process died")
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise RuntimeError("injected engine failure")
         rng = random.Random(req.seed if req.seed is not None else random.random())
@@ -43,6 +63,8 @@ class FakeEngine(Engine):
             finish = "length"
             for _ in range(req.max_tokens):
                 await asyncio.sleep(self.step_s)
+                if self.dead:
+                    raise RuntimeError("engine process died")
                 tok = rng.randrange(self.vocab_size)
                 tokens.append(tok)
                 if tok in req.stop_token_ids:

@@ -89,6 +89,7 @@ class VllmEngine(Engine):
             dtype=resolve_dtype(self.cfg.dtype),
             max_model_len=self.cfg.max_model_len,
             max_num_seqs=self.cfg.max_num_seqs,
+            tensor_parallel_size=self.cfg.tensor_parallel_size,
             enforce_eager=self.cfg.enforce_eager,
             seed=self.cfg.seed,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
@@ -105,7 +106,10 @@ class VllmEngine(Engine):
             prepare_cpu_environment(self.cfg.kv_cache_gb)
         self.state = EngineState.STARTING
         log.info("%s: starting vLLM on %s", self.id, self.model_path)
-        self.llm = AsyncLLM.from_engine_args(self.engine_args())
+        # Off the event loop: start-up blocks ~30 s (engine process, model load), and a restart must not
+        # freeze the server (status, health, the other engines' streams). AsyncLLM starts its output
+        # handler lazily on the loop that first uses it.
+        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args())
         await self.llm.update_weight_version(str(self.policy_version))
         self.state = EngineState.READY
         log.info("%s: ready", self.id)
@@ -150,6 +154,14 @@ class VllmEngine(Engine):
         if final is None:
             raise RuntimeError(f"{self.id} returned no output for {req.seq_id}")
         return _to_result(final.outputs[0], self.policy_version, self.draft_version)
+
+    def alive(self) -> bool:
+        return self.llm is not None and not self.llm.errored
+
+    def death_reason(self) -> str:
+        if self.llm is None:
+            return "not started"
+        return f"vLLM engine core died ({type(self.llm.dead_error).__name__})" if self.llm.errored else ""
 
     async def pause(self, mode: str) -> None:
         # clear_cache: KV computed under the old weights must not be reused; kept sequences are re-prefilled

@@ -30,6 +30,8 @@ class EnginePool:
         self.finished = {e.id: 0 for e in engines}
         self.closing = False
         self.live: set[RequestRecord] = set()            # unfinished requests, with or without an id
+        self.draining: set[str] = set()                  # engines being scaled in: no new work
+        self.joining: set[str] = set()                   # engines being scaled out: not ready yet
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -48,17 +50,30 @@ class EnginePool:
             except Exception:  # noqa: BLE001 - keep stopping the others
                 log.exception("%s: shutdown failed", e.id)
 
+    def add_engine(self, engine: Engine) -> None:
+        self.engines.append(engine)
+        self.load.setdefault(engine.id, 0)
+        self.finished.setdefault(engine.id, 0)
+
+    def remove_engine(self, engine: Engine) -> None:
+        self.engines.remove(engine)
+
     @property
     def ready(self) -> bool:
-        return not self.closing and all(e.state is EngineState.READY for e in self.engines)
+        return not self.closing and all(e.state is EngineState.READY for e in self.engines
+                                        if e.id not in self.joining)
 
     @property
     def policy_version(self) -> int:
-        return min(e.policy_version for e in self.engines)
+        return min(e.policy_version for e in self._serving())
 
     @property
     def draft_version(self) -> int:
-        return min(e.draft_version for e in self.engines)
+        return min(e.draft_version for e in self._serving())
+
+    def _serving(self) -> list[Engine]:
+        """Engines whose versions count: not one starting or restarting (labelled once it caught up)."""
+        return [e for e in self.engines if e.state in (EngineState.READY, EngineState.PAUSED)] or self.engines
 
     # ---- data plane ------------------------------------------------------------------------------
     def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]]) -> RequestRecord:
@@ -77,7 +92,9 @@ class EnginePool:
             raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"queue full: {self.depth} sequences admitted, this request adds {count}, "
                                f"max_queue is {self.max_queue}; retry later with backoff or send fewer prompts")
-        ready = [e for e in self.engines if e.state is EngineState.READY]
+        # A paused engine (a weight commit in progress) queues new sequences until it resumes.
+        ready = [e for e in self.engines
+                 if e.state in (EngineState.READY, EngineState.PAUSED) and e.id not in self.draining]
         if not ready:
             raise unavailable("no engine is ready to serve (starting or unhealthy); retry shortly")
         rec = RequestRecord(request_id=request_id, fingerprint=fingerprint, expected=count)

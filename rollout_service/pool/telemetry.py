@@ -31,6 +31,7 @@ class Telemetry:
                                   ["code"], registry=r)
         self.m_samples = Counter("rollout_samples", "Samples finished", ["finish_reason"], registry=r)
         self.m_tokens = Counter("rollout_generated_tokens", "Generated tokens", registry=r)
+        self.m_restarts = Counter("rollout_engine_restarts", "Engines restarted after dying", ["engine"], registry=r)
         self.m_queue = Gauge("rollout_queue_depth", "Sequences admitted and not finished", registry=r)
         self.m_policy = Gauge("rollout_policy_version", "Serving policy version", registry=r)
         self.m_draft = Gauge("rollout_draft_version", "Serving drafter version", registry=r)
@@ -40,6 +41,9 @@ class Telemetry:
                                  ["policy_version", "draft_version"], registry=r)
         self.m_accepted = Counter("rollout_spec_accepted_tokens", "Draft tokens accepted",
                                   ["policy_version", "draft_version"], registry=r)
+
+    def engine_restarted(self, engine_id: str) -> None:
+        self.m_restarts.labels(engine=engine_id).inc()
 
     def sample_finished(self, n_tokens: int, finish_reason: str, latency_s: float, policy_version: int,
                         draft_version: int, drafted: int, accepted: int, steps: int = 0,

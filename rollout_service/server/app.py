@@ -9,6 +9,7 @@ import asyncio
 import logging
 import signal
 import socket
+from typing import Callable
 
 import grpc
 import uvicorn
@@ -20,6 +21,8 @@ from rollout_service.config import ServerConfig
 from rollout_service.engine.base import Engine
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
+from rollout_service.pool.scaling import Scaler
+from rollout_service.pool.supervisor import Supervisor
 from rollout_service.server.auth import AuthInterceptor, load_credentials, server_credentials
 from rollout_service.server.decoding import add_servicer
 from rollout_service.server.grpc_service import RolloutServicer
@@ -31,10 +34,17 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
 
 
-def make_vllm_engines(cfg: ServerConfig, model_path: str) -> list[Engine]:
+def engine_factory(cfg: ServerConfig, model_path: str) -> Callable[[str], Engine]:
+    """engine id -> a new real vLLM engine: in this process, or a Ray actor when `ray.address` is set."""
+    if cfg.ray.address:
+        from rollout_service.engine.ray_engine import RayEngine, connect
+
+        connect(cfg.ray.address)
+        return lambda engine_id: RayEngine(engine_id, model_path, cfg.engine, cpus=cfg.ray.cpus_per_engine,
+                                           gpus=cfg.ray.gpus_per_engine)
     from rollout_service.engine.vllm_engine import VllmEngine
 
-    return [VllmEngine(f"engine-{i}", model_path, cfg.engine) for i in range(cfg.engines)]
+    return lambda engine_id: VllmEngine(engine_id, model_path, cfg.engine)
 
 
 def serving_dtype(cfg: ServerConfig, model_path: str) -> str:
@@ -57,15 +67,17 @@ def serving_dtype(cfg: ServerConfig, model_path: str) -> str:
 
 
 class RolloutServer:
-    def __init__(self, cfg: ServerConfig, model: ModelInfo, engines: list[Engine]):
+    def __init__(self, cfg: ServerConfig, model: ModelInfo, factory: Callable[[str], Engine]):
         self.cfg = cfg
+        engines = [factory(f"engine-{i}") for i in range(cfg.engines)]
         self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s)
         sp = cfg.engine.speculation
         drafter = sp.model if sp.method in ("draft_model", "eagle3") else None
         self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path), drafter)
         self.creds = load_credentials(cfg.security, cfg.host)
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens)
-        self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp,
+        self.scaler = Scaler(self.pool, self.weights.committer, factory)
+        self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
                                         max_streams_per_client=cfg.max_streams_per_client, creds=self.creds)
         self.health = health.aio.HealthServicer()
         limit = cfg.max_message_mb * 1024 * 1024
@@ -99,6 +111,7 @@ class RolloutServer:
         self.http = uvicorn.Server(uvicorn.Config(build_http_app(self.servicer, self.creds), host=cfg.host,
                                                   port=cfg.http_port, log_level="warning", lifespan="off", **ssl))
         self._stop = asyncio.Event()
+        self.supervisor: Supervisor | None = None
 
     async def start(self) -> None:
         """Bind ports first (health says NOT_SERVING), then start engines, then report SERVING."""
@@ -110,6 +123,8 @@ class RolloutServer:
                  self.cfg.host, self.cfg.http_port, "TLS" if self.cfg.security.tls_cert else "plaintext",
                  "bearer tokens" if self.creds else "no authentication", len(self.pool.engines))
         await self.pool.start()
+        self.supervisor = Supervisor(self.pool, self.weights.committer.restart_at_committed)
+        self._supervisor_task = asyncio.create_task(self.supervisor.run())
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s (policy version %d)", self.servicer.model.path, self.pool.policy_version)
@@ -121,6 +136,9 @@ class RolloutServer:
         await self._stop.wait()
         log.info("shutting down: failing in-flight requests with UNAVAILABLE, stopping engines")
         await self.health.enter_graceful_shutdown()
+        if self.supervisor is not None:
+            self._supervisor_task.cancel()
+            await self.supervisor.stop()
         await self.pool.shutdown()
         await self.grpc.stop(self.cfg.shutdown_grace_s)
         self.http.should_exit = True
@@ -128,9 +146,10 @@ class RolloutServer:
         log.info("stopped")
 
 
-async def serve(cfg: ServerConfig, model_path: str, engines: list[Engine] | None = None) -> None:
+async def serve(cfg: ServerConfig, model_path: str, factory: Callable[[str], Engine] | None = None) -> None:
+    """factory: engine id -> Engine (default: real vLLM engines per the config)."""
     model = ModelInfo.load(model_path, cfg.engine.max_model_len)
-    server = RolloutServer(cfg, model, engines or make_vllm_engines(cfg, model_path))
+    server = RolloutServer(cfg, model, factory or engine_factory(cfg, model_path))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)

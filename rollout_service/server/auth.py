@@ -20,7 +20,8 @@ from rollout_service.config import ConfigError, SecurityConfig, is_loopback
 
 log = logging.getLogger(__name__)
 
-ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in ("PushWeights", "UpdateDraft", "LoadWeights"))
+ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in ("PushWeights", "UpdateDraft", "LoadWeights",
+                                                                          "ScaleEngines"))
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 OPEN_HTTP_PATHS = frozenset({"/healthz"})
 

@@ -53,7 +53,8 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
         speculation_method=spec_method, num_speculative_tokens=k,
         engines=[pb.EngineStatus(id=e.id, state=STATE[e.state], location=e.location,
                                  running_sequences=pool.load[e.id], policy_version=e.policy_version,
-                                 draft_version=e.draft_version, samples_finished=pool.finished[e.id])
+                                 draft_version=e.draft_version, samples_finished=pool.finished[e.id],
+                                 restarts=e.restarts)
                  for e in pool.engines],
         queue_depth=pool.depth, queue_capacity=pool.max_queue, tokens_per_second=tok_s,
         samples_per_second=smp_s, speculation=spec, ready=pool.ready, uptime_s=t.uptime(),

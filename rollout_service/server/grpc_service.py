@@ -10,6 +10,7 @@ from rollout_service.config import SpeculationConfig
 from rollout_service.errors import ServiceError, invalid
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
+from rollout_service.pool.scaling import Scaler
 from rollout_service.server.auth import Credentials, caller_id
 from rollout_service.server.convert import (header_from_proto, target_and_mode, push_result_to_proto,
                                             sample_to_proto, status_to_proto)
@@ -21,9 +22,10 @@ log = logging.getLogger(__name__)
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
-                 speculation: SpeculationConfig | None = None, *, max_streams_per_client: int = 64,
-                 creds: Credentials | None = None):
+                 speculation: SpeculationConfig | None = None, scaler: Scaler | None = None, *,
+                 max_streams_per_client: int = 64, creds: Credentials | None = None):
         self.speculation = speculation or SpeculationConfig()
+        self.scaler = scaler
         self.max_streams_per_client = max_streams_per_client
         self.creds = creds
         self.streams: dict[str, int] = {}       # open Generate streams per caller_id
@@ -96,6 +98,15 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         return status
 
     # ---- control plane ---------------------------------------------------------------------------
+    async def ScaleEngines(self, request: pb.ScaleRequest, context) -> pb.Status:
+        try:
+            if self.scaler is None:
+                raise ServiceError(grpc.StatusCode.UNIMPLEMENTED, "this server cannot scale its engine pool")
+            await self.scaler.scale(request.engines)
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return self.status()
+
     async def PushWeights(self, request_iterator, context) -> pb.PushResult:
         return await self._push(request_iterator, context, rpc="PushWeights")
 

@@ -4,7 +4,8 @@ One push at a time (a lock serializes them). Versions are strictly increasing pe
 pause every engine (in-flight mode), load the file into each, label the new versions, resume. If any
 engine fails to load, the engines that already loaded get the previous values back (from the original
 checkpoint plus the overlays of earlier pushes), every engine resumes on the old version, and the push
-fails; an engine that cannot be restored is marked unhealthy.
+fails; an engine that cannot be restored is marked unhealthy, and pool.supervisor restarts it at the
+committed versions (restart_at_committed).
 """
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ class WeightCommitter:
         self.versions = {"policy": 0, "drafter": 0}
         self.overlay: dict[str, dict[str, Path]] = {"policy": {}, "drafter": {}}   # name -> file with its value
         self.pushes = {"policy": 0, "drafter": 0}
-        self.restarts: list[asyncio.Task] = []
 
     def check_version(self, target: str, version: int) -> None:
         if self.checkpoints.get(target) is None:
@@ -60,7 +60,9 @@ class WeightCommitter:
         assert mode in MODES
         async with self.lock:
             self.check_version(target, version)      # again: a concurrent push may have won the race
-            engines = [e for e in self.pool.engines if e.state is not EngineState.STOPPED]
+            # Engines starting or restarting are left out: restart_at_committed (under this lock) replays
+            # every committed push, this one included, before they serve.
+            engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
             await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
             t_apply = time.perf_counter()                              # from here on nothing generates
             loaded = []
@@ -96,7 +98,7 @@ class WeightCommitter:
             try:
                 await engine.shutdown()
                 await engine.start()
-                engine.state = EngineState.PAUSED
+                engine.state = EngineState.STARTING     # not routed to until it matches the others
                 for target in ("policy", "drafter"):
                     for f in sorted(set(self.overlay[target].values())):
                         await engine.load_weights(str(f), target)
@@ -139,9 +141,9 @@ class WeightCommitter:
                 try:
                     await e.load_weights(str(path), target)
                 except Exception:  # noqa: BLE001
-                    log.exception("%s: could not restore %s weights; marked unhealthy, restarting it", e.id, target)
+                    log.exception("%s: could not restore %s weights; marked unhealthy (the supervisor restarts it)",
+                                  e.id, target)
                     e.state = EngineState.UNHEALTHY
-                    self.restarts.append(asyncio.create_task(self.restart_at_committed(e)))
         finally:
             path.unlink(missing_ok=True)
 

@@ -1,5 +1,6 @@
 """One real service per test session: a tiny random Llama (SmolLM2's tokenizer), real vLLM engine,
 real gRPC over a loopback socket. Engine start costs ~40 s, so every test here shares it."""
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,17 @@ from rollout_service.models import build_tiny_model
 
 SERVICE_ARGS = ["--max-queue", "64", "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32",
                 "--max-num-seqs", "32"]
+
+
+def wait_for(pred, timeout: float, what: str):
+    """Poll `pred` until it returns something truthy (returned); fail naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture(scope="session")

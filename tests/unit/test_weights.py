@@ -12,6 +12,7 @@ from rollout_service.api import pb
 from rollout_service.engine.fake import FakeEngine
 from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
+from rollout_service.pool.supervisor import Supervisor
 from rollout_service.weights.service import Chunk, Header, WeightService
 
 ORIGINAL = {"a.weight": torch.zeros(4, 3), "b.bias": torch.ones(5, dtype=torch.bfloat16)}
@@ -104,8 +105,10 @@ def test_engine_that_cannot_be_restored_is_restarted_at_the_committed_version(se
             await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 2, partial=True)
         eng = pool.engines[0]
         assert eng.state.name == "UNHEALTHY" and not pool.ready
-        await asyncio.gather(*svc.committer.restarts)
-        assert eng.state.name == "READY" and pool.ready
+        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        assert sup.check() == ["e0"]
+        await asyncio.gather(*sup.restarting.values())
+        assert eng.state.name == "READY" and pool.ready and eng.restarts == 1
         assert torch.equal(eng.weights["a.weight"], first["a.weight"]) and eng.policy_version == 1
     asyncio.run(main())
 
@@ -138,4 +141,78 @@ def test_concurrent_pushes_serialize_and_stale_ones_fail(setup):
         assert pool.policy_version == 3
         events = [ev[0] for ev in pool.engines[0].events]
         assert events == ["pause", "load", "resume"] * len(ok)    # never two commits interleaved
+    asyncio.run(main())
+
+
+def test_dead_engine_fails_its_requests_as_retriable_and_comes_back_at_the_committed_versions(setup):
+    async def main():
+        from rollout_service.engine.types import SeqRequest
+
+        pool, svc = await setup()
+        pushed = {"a.weight": torch.full((4, 3), 3.0)}
+        await push(svc, pushed, 1, partial=True)
+        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        assert sup.check() == []                                      # healthy engines are left alone
+        groups = [[SeqRequest(seq_id=f"s-{p}", prompt_token_ids=[1], max_tokens=10_000)] for p in range(2)]
+        rec = pool.submit("req-1", b"fp", groups)                    # one sequence on each engine
+        await asyncio.sleep(0.05)
+        dead = pool.engines[0]
+        dead.kill()
+        with pytest.raises(ServiceError) as err:
+            async for _ in rec.read():
+                pass
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE and "retry" in err.value.message
+        assert sup.check() == ["e0"] and dead.state.name == "UNHEALTHY"
+        assert sup.check() == []                                      # one restart at a time
+        await asyncio.gather(*sup.restarting.values())
+        assert dead.state.name == "READY" and dead.restarts == 1 and dead.starts == 2
+        assert torch.equal(dead.weights["a.weight"], pushed["a.weight"]) and dead.policy_version == 1
+        assert pool.depth == 0 and all(v == 0 for v in pool.load.values())   # nothing leaked
+        again = pool.submit("req-1", b"fp", [[SeqRequest(seq_id="t", prompt_token_ids=[1], max_tokens=3)]])
+        assert again is not rec                                       # the failed id runs again
+        assert len([x async for x in again.read()]) == 1
+    asyncio.run(main())
+
+
+def test_failing_restarts_back_off_and_keep_the_engine_out_of_service(setup):
+    async def main():
+        pool, svc = await setup()
+        sup = Supervisor(pool, svc.committer.restart_at_committed, max_backoff_s=0.01)
+        eng = pool.engines[1]
+        eng.kill()
+        eng.fail_starts = 2
+        for attempt in range(3):
+            assert sup.check() == ["e1"]
+            await asyncio.gather(*sup.restarting.values())
+            assert eng.state.name == ("READY" if attempt == 2 else "UNHEALTHY")
+        assert eng.restarts == 1 and eng.starts == 4 and pool.ready and sup.failures == {}
+    asyncio.run(main())
+
+
+def test_scale_out_starts_at_the_committed_versions_and_scale_in_drops_nothing(setup):
+    async def main():
+        from rollout_service.engine.types import SeqRequest
+        from rollout_service.pool.scaling import Scaler
+
+        pool, svc = await setup()
+        pushed = {"a.weight": torch.full((4, 3), 5.0)}
+        await push(svc, pushed, 1, partial=True)
+        scaler = Scaler(pool, svc.committer, lambda eid: FakeEngine(eid, step_s=0.002))
+        await scaler.scale(3)
+        new = pool.engines[2]
+        assert new.id == "engine-2"
+        assert new.state.name == "READY" and new.policy_version == 1 and pool.ready
+        assert torch.equal(new.weights["a.weight"], pushed["a.weight"])
+        # Work on every engine, then shrink to one engine while it runs: every sample still arrives.
+        groups = [[SeqRequest(seq_id=f"q-{p}", prompt_token_ids=[1], max_tokens=100)] for p in range(6)]
+        rec = pool.submit("scale-in", b"fp", groups)
+        assert {pool.load[e.id] > 0 for e in pool.engines} == {True}
+        shrink = asyncio.create_task(scaler.scale(1))
+        results = [x async for x in rec.read()]
+        await shrink
+        assert len(results) == 6 and [e.id for e in pool.engines] == ["e0"]
+        assert new.state.name == "STOPPED" and pool.draining == set()
+        with pytest.raises(ServiceError) as err:
+            await scaler.scale(0)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     asyncio.run(main())

@@ -225,8 +225,14 @@ class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ScaleRequest(_message.Message):
+    __slots__ = ("engines",)
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    engines: int
+    def __init__(self, engines: _Optional[int] = ...) -> None: ...
+
 class EngineStatus(_message.Message):
-    __slots__ = ("id", "state", "location", "running_sequences", "policy_version", "draft_version", "samples_finished")
+    __slots__ = ("id", "state", "location", "running_sequences", "policy_version", "draft_version", "samples_finished", "restarts")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +240,7 @@ class EngineStatus(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: EngineState
     location: str
@@ -241,7 +248,8 @@ class EngineStatus(_message.Message):
     policy_version: int
     draft_version: int
     samples_finished: int
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., location: _Optional[str] = ..., running_sequences: _Optional[int] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., samples_finished: _Optional[int] = ...) -> None: ...
+    restarts: int
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., location: _Optional[str] = ..., running_sequences: _Optional[int] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., samples_finished: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
     __slots__ = ("policy_version", "draft_version", "num_drafted", "num_accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "expected_speedup")

@@ -66,6 +66,11 @@ class RolloutServiceStub:
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_rollout__pb2.Status.FromString,
                 _registered_method=True)
+        self.ScaleEngines = channel.unary_unary(
+                '/rollout.v1.RolloutService/ScaleEngines',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.Status.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -120,6 +125,15 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleEngines(self, request, context):
+        """Scales the engine pool to `engines` engines (admin token). Added engines start at the committed
+        policy and drafter versions before they take work; removed engines (the newest first) take no new
+        work, finish what they hold, then stop: no admitted request is dropped. Returns the status after.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +160,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
                     request_deserializer=rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.Status.SerializeToString,
+            ),
+            'ScaleEngines': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleEngines,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.ScaleRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_rollout__pb2.Status.SerializeToString,
             ),
     }
@@ -290,6 +309,33 @@ class RolloutService:
             target,
             '/rollout.v1.RolloutService/GetStatus',
             rollout_dot_v1_dot_rollout__pb2.GetStatusRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleEngines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/ScaleEngines',
+            rollout_dot_v1_dot_rollout__pb2.ScaleRequest.SerializeToString,
             rollout_dot_v1_dot_rollout__pb2.Status.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,217 @@
+"""Engines as Ray actors: the pool (routing, versions, commits) stays in the gRPC process; each engine is a
+`VllmEngine` inside an async Ray actor placed with its own placement group.
+
+- Placement: one placement group per engine: `{"CPU": cpus_per_engine}` on CPU machines, or
+  `{"GPU": tensor_parallel_size, "CPU": 1}` on GPU nodes (vLLM runs tensor parallelism inside the actor
+  on the GPUs Ray gave it).
+- Weights: a commit hands every engine the same safetensors file. The front end puts the file's bytes into
+  Ray's object store once per commit (`_SharedFile`); each actor reads them from its node's shared memory
+  (zero-copy on the same node, one transfer per remote node), writes them to its local /dev/shm and loads
+  them. The front end never holds more than one copy, however many engines there are.
+- Failure: an actor that dies (its process, its node, or vLLM inside it) is seen by `alive()` through a
+  heartbeat; pending `generate` calls fail (UNAVAILABLE, retriable, the request id is released) and the
+  supervisor restarts the engine as a new actor at the committed versions (WeightCommitter).
+- Cancellation: cancelling `generate` cancels the actor task (`ray.cancel`), which aborts the vLLM request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+from rollout_service.config import EngineConfig
+from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.types import SeqRequest, SeqResult
+
+log = logging.getLogger(__name__)
+NAMESPACE = "rollout-service"
+HEARTBEAT_S = 1.0
+
+
+class EngineActor:
+    """Runs inside the Ray worker: a VllmEngine and the plumbing to feed it."""
+
+    def __init__(self, engine_id: str, model_path: str, cfg: bytes):
+        from rollout_service.engine.vllm_engine import VllmEngine
+
+        self.engine = VllmEngine(engine_id, model_path, msgspec.json.decode(cfg, type=EngineConfig))
+
+    async def start(self) -> str:
+        await self.engine.start()
+        return f"{socket.gethostname()} (pid {os.getpid()})"
+
+    async def generate(self, req: bytes) -> bytes:
+        result = await self.engine.generate(msgspec.msgpack.decode(req, type=SeqRequest))
+        return msgspec.msgpack.encode(result)
+
+    def alive(self) -> bool:
+        return self.engine.alive()
+
+    def death_reason(self) -> str:
+        return self.engine.death_reason()
+
+    async def pause(self, mode: str) -> None:
+        await self.engine.pause(mode)
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def load_weights(self, data: bytes, target: str) -> None:
+        shm = Path("/dev/shm")
+        folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        fd, name = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(memoryview(data))
+            await self.engine.load_weights(name, target)
+        finally:
+            Path(name).unlink(missing_ok=True)
+
+    async def set_versions(self, policy_version: int, draft_version: int) -> None:
+        await self.engine.set_versions(policy_version, draft_version)
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+class _SharedFile:
+    """The object-store copy of the file being committed: one `ray.put` per (path, mtime), dropped when the
+    next file comes (a commit loads one file on every engine in turn)."""
+
+    key: tuple | None = None
+    ref = None
+
+    @classmethod
+    def get(cls, path: str):
+        import ray
+
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size)
+        if cls.key != key:
+            cls.ref = None
+            cls.ref = ray.put(Path(path).read_bytes())
+            cls.key = key
+        return cls.ref
+
+
+class RayEngine(Engine):
+    """The pool's handle on one EngineActor."""
+
+    def __init__(self, engine_id: str, model_path: str, cfg: EngineConfig, *, cpus: float, gpus: int):
+        super().__init__(engine_id)
+        self.model_path = model_path
+        self.cfg = cfg
+        self.cpus, self.gpus = cpus, gpus
+        self.actor = None
+        self.pg = None
+        self._dead = ""
+        self._heartbeat: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.state = EngineState.STARTING
+        self._dead = ""
+        bundle = {"CPU": self.cpus} | ({"GPU": self.gpus} if self.gpus else {})
+        self.pg = placement_group([bundle], strategy="STRICT_PACK", name=f"rollout-{self.id}-{time.time_ns()}")
+        await self.pg.ready()
+        actor_cls = ray.remote(EngineActor)
+        self.actor = actor_cls.options(
+            num_cpus=self.cpus, num_gpus=self.gpus, max_concurrency=10_000, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0),
+        ).remote(self.id, self.model_path, msgspec.json.encode(self.cfg))
+        self.location = await self.actor.start.remote()
+        self._heartbeat = asyncio.create_task(self._beat())
+        self.state = EngineState.READY
+        log.info("%s: ready on Ray at %s", self.id, self.location)
+
+    async def _beat(self) -> None:
+        while not self._dead:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                ok = await asyncio.wait_for(self.actor.alive.remote(), timeout=30)
+                if not ok:
+                    self._dead = await self.actor.death_reason.remote() or "vLLM engine died"
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - RayActorError, timeout: the actor is gone
+                self._dead = f"Ray actor unreachable ({type(e).__name__})"
+
+    def alive(self) -> bool:
+        return not self._dead
+
+    def death_reason(self) -> str:
+        return self._dead
+
+    async def generate(self, req: SeqRequest) -> SeqResult:
+        import ray
+
+        ref = self.actor.generate.remote(msgspec.msgpack.encode(req))
+        try:
+            return msgspec.msgpack.decode(await ref, type=SeqResult)
+        except asyncio.CancelledError:
+            ray.cancel(ref)
+            raise
+        except ray.exceptions.RayActorError as e:
+            self._dead = f"Ray actor died ({type(e).__name__})"
+            raise RuntimeError(f"{self.id}: engine actor died") from e
+        except ray.exceptions.RayTaskError as e:     # an exception inside the actor: re-raise its cause
+            raise e.as_instanceof_cause() from None
+
+    async def pause(self, mode: str) -> None:
+        self.state = EngineState.PAUSED
+        await self.actor.pause.remote(mode)
+
+    async def resume(self) -> None:
+        await self.actor.resume.remote()
+        self.state = EngineState.READY
+
+    async def load_weights(self, path: str, target: str) -> None:
+        await self.actor.load_weights.remote(_SharedFile.get(path), target)
+
+    async def set_versions(self, policy_version: int, draft_version: int) -> None:
+        await self.actor.set_versions.remote(policy_version, draft_version)
+        self.policy_version, self.draft_version = policy_version, draft_version
+
+    async def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        if self.actor is not None:
+            try:
+                if not self._dead:
+                    await asyncio.wait_for(self.actor.shutdown.remote(), timeout=60)
+            except Exception as e:  # noqa: BLE001 - a dead or stuck actor is killed below
+                log.warning("%s: actor did not shut down cleanly (%s); killing it", self.id, type(e).__name__)
+            ray.kill(self.actor, no_restart=True)
+            self.actor = None
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+        self.state = EngineState.STOPPED
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at `address` ("auto": the local one) from the gRPC process."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
+                 runtime_env={"env_vars": {k: v for k, v in os.environ.items()
+                                           if k.startswith(("VLLM_", "ROLLOUT_"))}})
+
+
+def make_ray_engines(n: int, model_path: str, cfg: EngineConfig, address: str, *, cpus: float, gpus: int):
+    connect(address)
+    return [RayEngine(f"engine-{i}", model_path, cfg, cpus=cpus, gpus=gpus) for i in range(n)]

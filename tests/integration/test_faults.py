@@ -1,0 +1,137 @@
+"""Faults survived, on real vLLM over real sockets: an engine process killed mid-stream, a client that
+does not read its stream, SIGTERM during a weight push. The kill and SIGTERM tests run their own service
+(in this order: the last one ends it)."""
+import os
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+from safetensors.torch import load_file
+
+from rollout_client import RolloutClient
+from rollout_client.weights import push_stream
+from rollout_service.api import pb
+from rollout_service.launcher import ServiceProcess
+from rollout_service.models import perturbed_copy
+from tests.integration.conftest import SERVICE_ARGS, wait_for
+
+PROMPT = [[1, 504, 3458, 314, 260]]
+
+
+def engine_cores(pid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name():
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def own(tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("faults") / "service.log"
+    svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS, log_path=log).start()
+    yield svc, log
+    svc.stop()
+
+
+def test_killed_engine_is_restarted_at_the_committed_version(own, tiny_model, tmp_path):
+    svc, log = own
+    pushed = load_file(str(perturbed_copy(tiny_model, tmp_path / "v1", scale=0.05, seed=3) / "model.safetensors"))
+    with RolloutClient(svc.target) as c:
+        assert c.push_weights(pushed, 1).version == 1
+        before = c.generate_all(PROMPT, n=2, max_tokens=12, seed=7)[0]
+        [core] = engine_cores(svc.proc.pid)
+        errors = []
+
+        def long_stream():
+            try:
+                list(c.generate(PROMPT * 2, n=2, max_tokens=450, ignore_eos=True, request_id="in-flight-at-kill"))
+            except grpc.RpcError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=long_stream)
+        t.start()
+        wait_for(lambda: c.status().queue_depth >= 4, 30, "the long stream to be admitted")
+        os.kill(core.pid, signal.SIGKILL)
+        t.join(60)
+        assert len(errors) == 1 and errors[0].code() == grpc.StatusCode.UNAVAILABLE, errors
+        assert "retry" in errors[0].details()
+        def restarted():
+            s = c.status()
+            return s if s.engines[0].restarts == 1 and s.ready else None
+
+        st = wait_for(restarted, 240, "the engine to come back")
+        assert st.policy_version == 1 and st.engines[0].policy_version == 1
+        assert st.queue_depth == 0
+        [new_core] = engine_cores(svc.proc.pid)
+        assert new_core.pid != core.pid
+        after = c.generate_all(PROMPT, n=2, max_tokens=12, seed=7)[0]
+        for a, b in zip(before, after):                  # same seed, same committed weights: same samples
+            assert list(a.token_ids) == list(b.token_ids) and a.policy_version == b.policy_version == 1
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        # the request that was cut runs again under its id
+        retry = c.generate_all(PROMPT * 2, n=2, max_tokens=450, ignore_eos=True, request_id="in-flight-at-kill")
+        assert sum(len(g) for g in retry) == 4
+    code, metrics = svc.http_get("/metrics")
+    assert code == 200 and 'rollout_engine_restarts_total{engine="engine-0"} 1.0' in metrics
+    assert "engine core died" in log.read_text()
+
+
+def test_slow_reader_is_buffered_boundedly_and_loses_nothing(service, client):
+    """A client that stops reading: generation finishes anyway (the engine is not held up), the finished
+    samples wait in the request's record (bounded by the request's size limits), and are all delivered
+    when it reads again. Three rounds: the service's memory does not grow round over round."""
+    proc = psutil.Process(service.proc.pid)
+    rss = []
+    for r in range(3):
+        done_before = client.status().samples_total
+        stream = client.generate(PROMPT * 4, n=8, max_tokens=200, ignore_eos=True, request_id=f"slow-{r}")
+        first = next(stream)                                      # then read nothing for a while
+        wait_for(lambda d=done_before: client.status().samples_total >= d + 32, 120, "generation to finish")
+        assert client.status().queue_depth == 0                  # engine work is done while unread
+        rest = list(stream)
+        got = sorted((s.prompt_index, s.sample_index) for s in [first, *rest])
+        assert got == sorted((p, s) for p in range(4) for s in range(8))
+        assert all(len(s.token_ids) == 200 for s in [first, *rest])
+        rss.append(proc.memory_info().rss)
+    assert (rss[2] - rss[0]) / 2**20 < 32, f"memory grew round over round: {[x // 2**20 for x in rss]} MB"
+
+
+def test_sigterm_during_a_weight_push_exits_cleanly(own, tiny_model):
+    svc, _ = own
+    weights = load_file(str(tiny_model / "model.safetensors"))
+    msgs = list(push_stream(weights, 99, target=pb.TARGET_POLICY, chunk_bytes=1 << 16))
+    stall = threading.Event()
+    errors = []
+
+    def stalled():
+        yield from msgs[: len(msgs) // 2]
+        stall.set()
+        time.sleep(120)                                       # the trainer hangs mid-push
+        yield from msgs[len(msgs) // 2:]
+
+    def push():
+        with RolloutClient(svc.target) as c:
+            try:
+                c.stub.PushWeights(stalled(), timeout=180)
+            except grpc.RpcError as e:
+                errors.append(e)
+
+    children = psutil.Process(svc.proc.pid).children(recursive=True)
+    t = threading.Thread(target=push, daemon=True)
+    t.start()
+    assert stall.wait(60)
+    time.sleep(0.5)
+    svc.proc.send_signal(signal.SIGTERM)
+    assert svc.proc.wait(60) == 0
+    t.join(30)
+    assert errors and errors[0].code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), errors
+    wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
+             "engine processes to exit")
