@@ -17,6 +17,7 @@ def _serve_args(sub) -> None:
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 picks a free one)")
     p.add_argument("--http-port", type=int, help="HTTP port for /healthz /readyz /metrics /v1/status (default 8000)")
     p.add_argument("--max-queue", type=int, help="sequences admitted at once before RESOURCE_EXHAUSTED")
+    p.add_argument("--max-message-mb", type=int, help="largest request message in MiB (default 64)")
     p.add_argument("--max-new-tokens", type=int, help="cap on sampling.max_tokens (default: the context length)")
     p.add_argument("--max-streams-per-client", type=int, help="concurrent Generate streams per client (default 64)")
     p.add_argument("--token-file", help="file holding the client bearer token (or env ROLLOUT_AUTH_TOKEN)")
@@ -105,6 +106,7 @@ def cmd_serve(args) -> int:
     try:
         cfg = load_config(args.config, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                           engines=args.engines, max_queue=args.max_queue, max_new_tokens=args.max_new_tokens,
+                          max_message_mb=args.max_message_mb,
                           max_streams_per_client=args.max_streams_per_client,
                           **{"engine.model": args.model, "engine.max_model_len": args.max_model_len,
                              "engine.max_num_seqs": args.max_num_seqs, "engine.kv_cache_gb": args.kv_cache_gb,

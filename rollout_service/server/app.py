@@ -81,10 +81,13 @@ class RolloutServer:
                                         max_streams_per_client=cfg.max_streams_per_client, creds=self.creds)
         self.health = health.aio.HealthServicer()
         limit = cfg.max_message_mb * 1024 * 1024
-        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+        # gRPC's receive cap sits well above max_message_mb (and above the client's 4 MiB push chunks) so
+        # that decoding.py sees an oversized request and answers with a message naming the setting.
+        hard_cap = max(2 * limit + (1 << 20), 16 << 20)
+        self.grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", hard_cap),
                                              ("grpc.max_send_message_length", limit)],
                                     interceptors=[AuthInterceptor(self.creds)] if self.creds else None)
-        add_servicer(self.servicer, self.grpc)
+        add_servicer(self.servicer, self.grpc, max_message_bytes=limit)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

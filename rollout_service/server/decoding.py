@@ -20,7 +20,12 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-def _parse(cls, raw: bytes):
+def _parse(cls, raw: bytes, max_bytes: int):
+    """max_bytes: 0 for no check here."""
+    if max_bytes and len(raw) > max_bytes:
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"a {cls.DESCRIPTOR.name} message of {len(raw)} bytes exceeds max_message_mb="
+                           f"{max_bytes / 2**20:g}; send fewer prompts per request, or smaller tensor chunks (rollout_client: chunk_bytes=)")
     try:
         return cls.FromString(raw)
     except pbmessage.DecodeError as e:
@@ -28,17 +33,17 @@ def _parse(cls, raw: bytes):
                       f"use the generated stubs or rollout_client") from None
 
 
-def _unary_request(method, cls):
+def _unary_request(method, cls, max_bytes):
     async def handler(raw, context):
         try:
-            request = _parse(cls, raw)
+            request = _parse(cls, raw, max_bytes)
         except ServiceError as e:
             await context.abort(e.code, e.message)
         return await method(request, context)
 
     async def stream_handler(raw, context):
         try:
-            request = _parse(cls, raw)
+            request = _parse(cls, raw, max_bytes)
         except ServiceError as e:
             await context.abort(e.code, e.message)
         async for item in method(request, context):
@@ -47,27 +52,29 @@ def _unary_request(method, cls):
     return handler, stream_handler
 
 
-def _stream_request(method, cls):
+def _stream_request(method, cls, max_bytes):
     async def handler(raw_iterator, context):
         async def parsed():
             async for raw in raw_iterator:
-                yield _parse(cls, raw)      # a ServiceError here ends the push like any invalid chunk
+                yield _parse(cls, raw, max_bytes)      # a ServiceError here ends the push like any invalid chunk
         return await method(parsed(), context)
     return handler
 
 
-def add_servicer(servicer, server: grpc.aio.Server) -> None:
+def add_servicer(servicer, server: grpc.aio.Server, max_message_bytes: int = 0) -> None:
+    """max_message_bytes: requests above it are RESOURCE_EXHAUSTED naming max_message_mb (gRPC's own limit,
+    set higher, stays the hard cap: its message names no setting)."""
     handlers = {}
     for m in SERVICE.methods:
         cls, out = GetMessageClass(m.input_type), GetMessageClass(m.output_type)
         fn = getattr(servicer, m.name)
         kw = dict(request_deserializer=_identity, response_serializer=out.SerializeToString)
         if m.client_streaming and not m.server_streaming:
-            handlers[m.name] = grpc.stream_unary_rpc_method_handler(_stream_request(fn, cls), **kw)
+            handlers[m.name] = grpc.stream_unary_rpc_method_handler(_stream_request(fn, cls, max_message_bytes), **kw)
         elif m.server_streaming and not m.client_streaming:
-            handlers[m.name] = grpc.unary_stream_rpc_method_handler(_unary_request(fn, cls)[1], **kw)
+            handlers[m.name] = grpc.unary_stream_rpc_method_handler(_unary_request(fn, cls, max_message_bytes)[1], **kw)
         elif not m.server_streaming:
-            handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_request(fn, cls)[0], **kw)
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_request(fn, cls, max_message_bytes)[0], **kw)
         else:
             raise NotImplementedError(f"{m.full_name}: bidirectional streams are not served")
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))

@@ -3,12 +3,8 @@ tiny model; generation spread over both, a weight push committed on both, an act
 and the pool recovering with no accepted request lost (the cut request is retried under its id), and
 scaling out and in while serving."""
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import grpc
 import psutil
@@ -16,27 +12,17 @@ import pytest
 from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
-from rollout_service.launcher import ServiceProcess, free_port
+from rollout_service.launcher import LocalRayCluster, ServiceProcess
 from rollout_service.models import perturbed_copy
 from tests.integration.conftest import SERVICE_ARGS, wait_for
 
-RAY = str(Path(sys.executable).parent / "ray")
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9], [1, 30, 31, 32], [1, 77, 78]]
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    port = free_port()
-    temp = Path(f"/tmp/rt{os.getpid()}")                 # short: Ray's socket paths have a length limit
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false",
-                    f"--temp-dir={temp}", "--disable-usage-stats"], check=True, env=env, timeout=120,
-                   capture_output=True)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, timeout=120, capture_output=True)
-        shutil.rmtree(temp, ignore_errors=True)
+    with LocalRayCluster(num_cpus=4) as cluster:
+        yield cluster.address
 
 
 @pytest.fixture(scope="module")

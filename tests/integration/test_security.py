@@ -34,7 +34,8 @@ def secure(tiny_model, tmp_path_factory):
                          extra_args=SERVICE_ARGS + ["--token-file", str(d / "token"), "--admin-token-file",
                                                     str(d / "admin"), "--tls-cert", pki["server"], "--tls-key",
                                                     pki["server_key"], "--tls-client-ca", pki["ca"],
-                                                    "--max-new-tokens", "256", "--max-streams-per-client", "2"])
+                                                    "--max-new-tokens", "256", "--max-streams-per-client", "2",
+                                                    "--max-message-mb", "1"])
     svc.start()
     yield svc, pki, log
     assert svc.stop() == 0
@@ -74,7 +75,12 @@ def test_client_token_serves_data_but_not_weight_pushes(secure, tiny_model):
         assert code == grpc.StatusCode.PERMISSION_DENIED
         assert c.status().policy_version == before
     with connect(svc, pki, token=TOKEN, admin_token=ADMIN) as c:
-        assert c.push_weights(weights, before + 1).version == before + 1
+        # The service runs with --max-message-mb 1: the client's default 4 MiB chunks are refused, naming
+        # the limit and changing nothing; smaller chunks go through.
+        code, msg = code_of(lambda: c.push_weights(weights, before + 1))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_message_mb=1" in msg and "chunk_bytes" in msg
+        assert c.status().policy_version == before
+        assert c.push_weights(weights, before + 1, chunk_bytes=512 << 10).version == before + 1
         assert c.generate_all(PROMPT, max_tokens=4)[0][0].policy_version == before + 1
 
 
@@ -112,6 +118,8 @@ def test_limits_answer_with_their_name(secure):
     with connect(svc, pki, token=TOKEN) as c:
         code, msg = code_of(lambda: c.generate_all(PROMPT, max_tokens=257))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_new_tokens=256" in msg
+        code, msg = code_of(lambda: c.generate_all(["x" * (3 << 19)], max_tokens=4))    # 1.5 MiB > 1 MiB
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_message_mb=1" in msg
         # Two long streams open for this client; a third is refused, naming the limit.
         streams = [c.generate(PROMPT * 4, n=4, max_tokens=256, ignore_eos=True) for _ in range(2)]
         readers = [threading.Thread(target=lambda s=s: _drain(s), daemon=True) for s in streams]
