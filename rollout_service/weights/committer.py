@@ -85,7 +85,8 @@ class WeightCommitter:
                                    for e in engines))
             await asyncio.gather(*(e.resume() for e in engines))
             pause_s = time.perf_counter() - t_apply
-            self._remember(files, names, target, version, keep_files)
+            # Copying the committed file away (LoadWeights: a whole model) must not stall the event loop.
+            await asyncio.to_thread(self._remember, files, names, target, version, keep_files)
             log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
                      target, version, len(names), len(engines), apply_s, pause_s)
             return CommitResult(version, target, apply_s, pause_s)

@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 
 from rollout_client.weights import push_stream
 from rollout_service.api import pb
+from rollout_service.engine.base import EngineState
 from rollout_service.engine.fake import FakeEngine
 from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
@@ -215,4 +216,37 @@ def test_scale_out_starts_at_the_committed_versions_and_scale_in_drops_nothing(s
         with pytest.raises(ServiceError) as err:
             await scaler.scale(0)
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    asyncio.run(main())
+
+
+def test_push_cancelled_during_its_commit_still_commits_on_every_engine_or_none(setup, monkeypatch):
+    """The client goes away (the RPC is cancelled) while engine 0 has loaded the new weights and engine 1 is
+    still loading: the commit runs to its end, so no engine stays paused or holds weights under a wrong
+    version label, and the staging file is removed."""
+    from rollout_service.weights import staging
+
+    async def main():
+        pool, svc = await setup()
+        slow = pool.engines[1]
+        real_load, loading = slow.load_weights, asyncio.Event()
+
+        async def slow_load(path, target):
+            loading.set()
+            await asyncio.sleep(0.2)
+            await real_load(path, target)
+        slow.load_weights = slow_load
+        new = {"a.weight": torch.full((4, 3), 7.0)}
+        task = asyncio.ensure_future(push(svc, new, 1, partial=True))
+        await loading.wait()
+        assert [ev[0] for ev in pool.engines[0].events] == ["pause", "load"]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with svc.committer.lock:          # the commit holds it until it has ended
+            pass
+        for e in pool.engines:
+            assert e.state is not EngineState.PAUSED
+            assert e.policy_version == 1 and torch.equal(e.weights["a.weight"], new["a.weight"])
+        assert pool.policy_version == 1
+        assert not list(staging.staging_root().glob("*.safetensors"))
     asyncio.run(main())
