@@ -1,23 +1,41 @@
 #!/usr/bin/env bash
-# Evidence for the GRPO trainer (not a test): one long sync run on the default model with speculation and
-# online drafter adaptation (held-out accuracy over time), then short runs that differ in one thing each,
-# for step-time ratios and acceptance with / without adaptation. Runs one after another (2 cores: never
-# two vLLM engines at once). ~65 min on 2 cores with the defaults. Results: runs/<name>/metrics.jsonl;
-# the plots and the side-by-side table go to bench/results/grpo/ (what the README shows).
-#   bash bench/grpo_runs.sh [LONG_STEPS] [SHORT_STEPS]
+# Evidence for the GRPO trainer (not a test). Runs one after another (2 cores: never two vLLM engines at once).
+#
+#   bash bench/grpo_runs.sh accuracy [STEPS]   one long sync run on the default model without speculation (the
+#                                             fastest way to move the policy here), held-out accuracy on 256
+#                                             problems every 3 steps; default 16 steps (~80 min on 2 cores)
+#   bash bench/grpo_runs.sh compare [STEPS]    short runs that differ in one thing each, on the same batch shape
+#                                             (half the accuracy run's: 4 prompts x 8 samples, to fit a session):
+#                                             speculation on/off, sync/async, drafter adaptation on/off;
+#                                             default 3 steps each (~35 min); run `rollout-service
+#                                             prepare-drafter` first, or the drafter is an undistilled cut
+#   bash bench/grpo_runs.sh report             plots and the side-by-side table into bench/results/grpo/
+#
+# Each run writes runs/<name>/metrics.jsonl; a run stopped early (Ctrl-C) keeps the steps it finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-long=${1:-14}
-short=${2:-3}
 py=${PYTHON:-.venv/bin/python}
-common=(--prompts 8 --group-size 8 --max-tokens 64 --lr 5e-6 --eval-size 96)
+what=${1:-}
+common=(--prompts 8 --group-size 8 --max-tokens 64 --lr 5e-6)
+compared=(sync-nospec sync-spec-adapt async-spec-adapt sync-spec-frozen)
 run() { name=$1; shift; echo "=== $name: $*"; rm -rf "runs/$name"; "$py" -m trainer_example.train "${common[@]}" --out "runs/$name" "$@"; }
-run sync-spec-adapt   --mode sync  --steps "$long"  --eval-every 3 --speculation draft_model --adapt-drafter
-run sync-nospec       --mode sync  --steps "$short" --eval-every 100 --speculation none
-run async-spec-adapt  --mode async --steps "$short" --eval-every 100 --speculation draft_model --adapt-drafter
-run sync-spec-frozen  --mode sync  --steps "$short" --eval-every 100 --speculation draft_model --no-adapt-drafter
-out=bench/results/grpo
-mkdir -p "$out"
-dirs=(runs/sync-spec-adapt runs/sync-nospec runs/async-spec-adapt runs/sync-spec-frozen)
-"$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
-"$py" -m bench.grpo_table "${dirs[@]}" --steps "$short" | tee "$out/table.md"
+case "$what" in
+  accuracy)
+    run accuracy-sync-nospec --mode sync --steps "${2:-16}" --eval-size 256 --eval-every 3 --speculation none ;;
+  compare)
+    steps=${2:-3}
+    short=(--steps "$steps" --prompts 4 --eval-size 16 --eval-every 1000 --draft-every 1)
+    run sync-nospec      --mode sync  "${short[@]}" --speculation none
+    run sync-spec-adapt  --mode sync  "${short[@]}" --speculation draft_model --adapt-drafter
+    run async-spec-adapt --mode async "${short[@]}" --speculation draft_model --adapt-drafter
+    run sync-spec-frozen --mode sync  "${short[@]}" --speculation draft_model --no-adapt-drafter ;;
+  report)
+    out=bench/results/grpo
+    mkdir -p "$out"
+    dirs=()
+    for d in runs/accuracy-sync-nospec "${compared[@]/#/runs/}"; do [[ -s $d/metrics.jsonl ]] && dirs+=("$d"); done
+    "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
+    for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
+    "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
+  *) sed -n 2,14p "$0"; exit 2 ;;
+esac

@@ -1,17 +1,43 @@
 """Summarise GRPO runs side by side (bench/grpo_runs.sh calls it): mean step time per phase over steps
 1..N-1 of each run (step 0 carries warm-up), ratios against the first run, acceptance per drafter version,
-and held-out accuracy first -> last.
+held-out accuracy first -> last, and for runs that evaluated on the same problems before and after, an exact
+McNemar test of the change (paired: each held-out problem solved before / after).
 
     python -m bench.grpo_table runs/a runs/b ... --steps 4
 """
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from trainer_example.plot import read_jsonl
 
 PHASES = ["generate_s", "recompute_s", "train_s", "push_s", "step_s"]
+
+
+def mcnemar(before: str, after: str) -> tuple[int, int, float]:
+    """Paired change on the same problems ('0'/'1' per problem): (newly solved, newly failed, exact two-sided
+    p-value of the sign test on those discordant pairs, under 'training changed nothing')."""
+    if len(before) != len(after):
+        raise ValueError(f"evaluations of different sizes ({len(before)} vs {len(after)}) cannot be paired")
+    gained = sum(b == "0" and a == "1" for b, a in zip(before, after))
+    lost = sum(b == "1" and a == "0" for b, a in zip(before, after))
+    n = gained + lost
+    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2 ** n if n else 1.0
+    return gained, lost, min(1.0, 2 * tail)
+
+
+def accuracy_change(rows: list[dict]) -> str:
+    """'0.385 -> 0.448 (+24 / -8 problems, McNemar p = 0.005, n = 256)', or the plain accuracies."""
+    ev = [r for r in rows if r.get("eval_accuracy") is not None]
+    if not rows or not ev:
+        return "-"
+    text = f"{rows[0]['eval_before']:.3f} -> {ev[-1]['eval_accuracy']:.3f}"
+    if rows[0].get("eval_before_correct") and ev[-1].get("eval_correct"):
+        gained, lost, p = mcnemar(rows[0]["eval_before_correct"], ev[-1]["eval_correct"])
+        text += f" (+{gained} / -{lost} problems, McNemar p = {p:.3g}, n = {len(ev[-1]['eval_correct'])})"
+    return text
 
 
 def main(argv=None) -> int:
@@ -30,11 +56,10 @@ def main(argv=None) -> int:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for name, (rows, m) in table.items():
         acc = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]
-        ev = [rows[0]["eval_before"]] + [r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None]
         print(f"| {name} | {m['generate_s']:.1f} | {m['recompute_s']:.1f} | {m['train_s']:.1f} | {m['push_s']:.1f} "
               f"| {m['step_s']:.1f} | {m['step_s'] / base:.2f} | "
               + (f"{acc[0]:.2f} -> {acc[-1]:.2f}" if acc else "-") + " | "
-              + (f"{ev[0]:.3f} -> {ev[-1]:.3f}" if ev else "-") + " |")
+              + accuracy_change(rows) + " |")
     return 0
 
 

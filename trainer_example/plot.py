@@ -38,7 +38,10 @@ def plot_runs(paths: list[str], out: Path) -> list[Path]:
     for name, rows in runs.items():
         ev = [(0.0, rows[0]["eval_before"])] if rows and "eval_before" in rows[0] else []
         ev += [(r["elapsed_s"] / 60, r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
-        a1.plot([t for t, _ in ev], [a for _, a in ev], marker="o", label=name)
+        n = rows[0].get("eval_size") if rows else None      # error bars: one binomial standard error
+        err = [(a * (1 - a) / n) ** 0.5 for _, a in ev] if n else None
+        a1.errorbar([t for t, _ in ev], [a for _, a in ev], yerr=err, marker="o", capsize=3,
+                    label=name + (f" (n={n})" if n else ""))
         a2.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], label=name)
     a1.set(xlabel="wall time (min)", ylabel="held-out accuracy", title="held-out accuracy")
     a2.set(xlabel="step", ylabel="mean reward", title="train reward")
@@ -69,6 +72,7 @@ def plot_runs(paths: list[str], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, rows in runs.items():
+        rows = [r for r in rows if r.get("kl_to_start") is not None]
         ax.plot([r["step"] for r in rows], [r["kl_to_start"] for r in rows], label=name)
     ax.set(xlabel="step", ylabel="KL(policy || start policy) per token", title="policy drift")
     ax.grid(alpha=0.3)

@@ -6,9 +6,10 @@
 One step, top to bottom:
   1. generate   GRPO groups from the service (sync: now; async: the batch prefetched during the last step),
                 drop groups older than --max-lag policy versions
-  2. recompute  the trainer's own log-probs of the sampled tokens (pi_old) and the start policy's (for KL)
+  2. recompute  the trainer's own log-probs of the sampled tokens (pi_old) for the minibatches after the first
+                (the first trains before any update, so its own forward pass is pi_old)
   3. train      clipped GRPO loss with truncated importance weights (grpo.py); the same forward pass's
-                logits teach the drafter (drafter.py)
+                logits teach the drafter (drafter.py); KL to the start policy on --kl-samples sequences
   4. push       the new policy weights every step (PushWeights), the drafter every --draft-every steps
                 (UpdateDraft); then evaluate on held-out problems every --eval-every steps
 The trainer talks to the service only through `rollout_client`.
@@ -53,6 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--is-cap", type=float, default=2.0, help="truncation of the importance weight pi_old/pi_rollout")
     ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per forward pass")
+    ap.add_argument("--kl-samples", type=int, default=16,
+                    help="sequences per step on which KL to the start policy is estimated (a metric only)")
     ap.add_argument("--max-lag", type=int, default=1, help="async: never train on samples older than this")
     ap.add_argument("--speculation", choices=["draft_model", "ngram", "none"], default="draft_model",
                     help="when this command starts the service")
@@ -92,32 +95,55 @@ class Trainer:
             out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
         return out
 
-    @torch.no_grad()
-    def recompute(self, packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pi_old, pi_start) log-probs of every target token, [B, L-1] each."""
-        old = torch.zeros_like(packed.rollout_logp)
-        ref = torch.zeros_like(packed.rollout_logp)
-        self.policy.eval()
-        for rows, width in micro_batches(packed, self.args.micro_batch):
-            mb = packed.slice(rows, width)
-            for model, dest in ((self.policy, old), (self.start, ref)):
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-                dest[rows, :width - 1] = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
-        return old, ref
+    def minibatches(self, batch_size: int) -> list[torch.Tensor]:
+        """The rows of each of --minibatches optimiser steps, in a random order."""
+        return list(torch.randperm(batch_size).chunk(self.args.minibatches))
 
-    def train(self, packed: Packed, old: torch.Tensor) -> dict:
-        """--minibatches optimiser steps over the batch; the drafter learns from the same forward passes."""
-        self.policy.train()
-        order = torch.randperm(packed.input_ids.shape[0])
-        stats, kl_draft = [], None
-        for part in order.chunk(self.args.minibatches):
+    @torch.no_grad()
+    def recompute(self, packed: Packed, rows: torch.Tensor) -> torch.Tensor:
+        """pi_old log-probs of every target token of `rows`, [B, L-1]; NaN in the rows not asked for.
+        The first minibatch needs none: it trains before any optimiser step, so its own forward pass is pi_old
+        (the policy runs in eval mode throughout, so that forward is the same function as this one)."""
+        old = torch.full_like(packed.rollout_logp, float("nan"))
+        if len(rows) == 0:
+            return old
+        sub = packed.select(rows)
+        old[rows] = 0.0                 # padding past each row's end stays finite (the loss masks it)
+        self.policy.eval()
+        for r, width in micro_batches(sub, self.args.micro_batch):
+            mb = sub.slice(r, width)
+            logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+            old[rows[r], :width - 1] = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
+        return old
+
+    def train(self, packed: Packed, parts: list[torch.Tensor], old: torch.Tensor) -> dict:
+        """One optimiser step per part (`minibatches`); the drafter learns from the same forward passes.
+        Rows whose pi_old is NaN take it from their own forward pass (only valid before the first step).
+        KL to the start policy is estimated on the first --kl-samples sequences of the first part, where
+        that forward pass is pi_old."""
+        self.policy.eval()              # no dropout: the training forward is pi_old for the first part
+        stats, kl_draft, kl_sum, kl_n, kl_rows = [], None, 0.0, 0, 0
+        for i, part in enumerate(parts):
             mbatch = packed.select(part)
-            mb_old = old[part]
+            part_old = old[part]
             for rows, width in micro_batches(mbatch, self.args.micro_batch):
                 mb = mbatch.slice(rows, width)
                 logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
                 logp = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
-                loss, st = grpo.grpo_loss(logp, mb_old[rows, :width - 1], mb.rollout_logp, mb.advantages,
+                mb_old = part_old[rows, :width - 1]
+                own = torch.isnan(mb_old)
+                if own.any():
+                    if i > 0:
+                        raise ValueError("pi_old missing for a minibatch after the first optimiser step")
+                    mb_old = torch.where(own, logp.detach(), mb_old)
+                if i == 0 and kl_rows < self.args.kl_samples:
+                    with torch.no_grad():
+                        ref_logits = self.start(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                        d = (grpo.token_logprobs(ref_logits[:, :-1], mb.targets, self.args.temperature)
+                             - mb_old)[mb.gen_mask]
+                        kl_sum, kl_n = kl_sum + float((torch.exp(d) - d - 1).sum()), kl_n + d.numel()
+                    kl_rows += mb.input_ids.shape[0]
+                loss, st = grpo.grpo_loss(logp, mb_old, mb.rollout_logp, mb.advantages,
                                           mb.gen_mask, clip_eps=self.args.clip_eps, is_cap=self.args.is_cap,
                                           num_tokens=mbatch.num_tokens)
                 loss.backward()
@@ -133,17 +159,20 @@ class Trainer:
         n = len(stats)
         return {"loss": sum(s.loss for s in stats), "clip_fraction": sum(s.clip_fraction for s in stats) / n,
                 "is_weight_mean": sum(s.mean_is_weight for s in stats) / n,
-                "is_truncated_fraction": sum(s.truncated_fraction for s in stats) / n, "drafter_kl": kl_draft}
+                "is_truncated_fraction": sum(s.truncated_fraction for s in stats) / n, "drafter_kl": kl_draft,
+                "kl_to_start": kl_sum / max(kl_n, 1), "kl_samples": kl_rows}
 
 
-def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int) -> tuple[float, float]:
-    """Held-out (accuracy, answer-line rate), greedy decoding, on seeds disjoint from training."""
+def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int) -> tuple[float, float, str]:
+    """Held-out (accuracy, answer-line rate, per-problem correctness as a '0'/'1' string), greedy decoding, on
+    seeds disjoint from training; the same problems every time, so evaluations can be compared pairwise."""
     problems = split(size, eval=True, max_ops=max_ops)
     groups = client.generate_all(trainer.encode(problems), n=1, max_tokens=max_tokens, temperature=0.0,
                                  return_text=True)
     texts = [g[0].text for g in groups]
-    return (sum(correct(t, p.answer) for p, t in zip(problems, texts)) / len(problems),
-            sum(extract_answer(t) is not None for t in texts) / len(problems))
+    hits = [correct(t, p.answer) for p, t in zip(problems, texts)]
+    return (sum(hits) / len(problems), sum(extract_answer(t) is not None for t in texts) / len(problems),
+            "".join("1" if h else "0" for h in hits))
 
 
 def speculation_summary(rollouts, k: int) -> dict:
@@ -175,8 +204,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     metrics_path = out / "metrics.jsonl"
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_file = open(metrics_path, "a")
-    eval_acc, eval_format = evaluate(client, trainer, args.eval_size, args.max_tokens, args.max_ops)
-    eval_before = eval_acc
+    eval_acc, eval_format, eval_hits = evaluate(client, trainer, args.eval_size, args.max_tokens, args.max_ops)
+    eval_before, eval_before_hits = eval_acc, eval_hits
     print(f"held-out accuracy before training: {eval_acc:.3f}, answer lines {eval_format:.3f} "
           f"({args.eval_size} problems, greedy)")
     prefetch = None
@@ -192,7 +221,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             rewards = assign_advantages(batch, args.group_size)
             rollouts, dropped = drop_stale(batch.rollouts, version, args.max_lag)
             t1 = time.perf_counter()
-            row = {"step": step, "mode": args.mode, "eval_before": eval_before, "policy_version": version, "samples": len(rollouts),
+            row = {"step": step, "mode": args.mode, "eval_before": eval_before, "eval_size": args.eval_size,
+                   "policy_version": version, "samples": len(rollouts),
                    "dropped_stale": dropped, "max_lag_used": max((version - r.oldest_version for r in rollouts),
                                                                  default=0),
                    "reward_mean": float(rewards.mean()),
@@ -202,14 +232,13 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             recompute_s = train_s = 0.0
             if rollouts:
                 packed = pack(rollouts)
-                # 2. recompute
-                old, ref = trainer.recompute(packed)
-                d = (ref - old)[packed.gen_mask]
-                row["kl_to_start"] = float((torch.exp(d) - d - 1).mean())      # k3 estimator, per token
+                # 2. recompute pi_old for the minibatches that train after the first optimiser step
+                parts = trainer.minibatches(len(rollouts))
+                old = trainer.recompute(packed, torch.cat(parts[1:]) if len(parts) > 1 else parts[0][:0])
                 t2 = time.perf_counter()
                 recompute_s = t2 - t1
                 # 3. train
-                row.update(trainer.train(packed, old))
+                row.update(trainer.train(packed, parts, old))
                 train_s = time.perf_counter() - t2
             # 4. push
             t3 = time.perf_counter()
@@ -221,8 +250,11 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                                     mode="keep" if prefetch else "wait")
             t4 = time.perf_counter()
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-                eval_acc, eval_format = evaluate(client, trainer, args.eval_size, args.max_tokens, args.max_ops)
-                row["eval_accuracy"], row["eval_format_rate"] = eval_acc, eval_format
+                eval_acc, eval_format, eval_hits = evaluate(client, trainer, args.eval_size, args.max_tokens,
+                                                            args.max_ops)
+                row["eval_accuracy"], row["eval_format_rate"], row["eval_correct"] = eval_acc, eval_format, eval_hits
+            if step == 0:
+                row["eval_before_correct"] = eval_before_hits
             row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
                        train_s=train_s, push_s=t4 - t3, push_pause_s=pushed.pause_s, step_s=t4 - t0,
                        draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)

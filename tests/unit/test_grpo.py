@@ -117,3 +117,18 @@ def test_plot_command_writes_pngs(tmp_path):
     for name in ("accuracy", "step_time", "acceptance", "kl"):
         data = (out / f"{name}.png").read_bytes()
         assert data[:4] == b"\x89PNG" and len(data) > 5000
+
+
+def test_mcnemar_pairs_the_same_problems():
+    from bench.grpo_table import accuracy_change, mcnemar
+
+    assert mcnemar("0000", "0000") == (0, 0, 1.0)
+    assert mcnemar("0011", "1100") == (2, 2, 1.0)                 # accuracy unchanged: no evidence
+    gained, lost, p = mcnemar("0" * 10 + "1" * 10, "1" * 10 + "1" * 10)
+    assert (gained, lost) == (10, 0) and p == pytest.approx(2 / 2 ** 10)
+    assert mcnemar("01" * 20, "11" * 20)[2] < 0.05 < mcnemar("0101", "1111")[2]
+    with pytest.raises(ValueError, match="different sizes"):
+        mcnemar("01", "011")
+    rows = [{"eval_before": 0.5, "eval_before_correct": "0011", "step": 0},
+            {"eval_accuracy": 1.0, "eval_correct": "1111", "step": 1}]
+    assert accuracy_change(rows) == "0.500 -> 1.000 (+2 / -0 problems, McNemar p = 0.5, n = 4)"

@@ -1,0 +1,69 @@
+"""The trainer's step on a tiny random Llama (no service): skipping the pi_old recompute for the first
+minibatch gives exactly the update a full recompute gives, and later minibatches cannot go without it."""
+import numpy as np
+import pytest
+import torch
+
+from trainer_example.rollouts import Rollout, pack
+from trainer_example.train import Trainer, parse_args
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    d = tmp_path_factory.mktemp("tiny-policy")
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(64)}, unk_token="t0"))
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(d)
+    return str(d)
+
+
+def batch(n=8, seed=1):
+    g = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        gen = g.integers(1, 64, size=int(g.integers(3, 9)))
+        out.append(Rollout(group=i // 4, prompt_ids=g.integers(1, 64, size=int(g.integers(2, 6))).tolist(),
+                           token_ids=gen, rollout_logp=np.log(np.full(len(gen), 1 / 64, np.float32)),
+                           reward=float(i % 2), correct=bool(i % 2), oldest_version=0, draft_version=0,
+                           num_drafted=0, num_accepted=0, advantage=float(i % 2) * 2 - 1))
+    return pack(out)
+
+
+def trainer(policy_dir, *extra):
+    torch.manual_seed(0)
+    return Trainer(policy_dir, parse_args(["--micro-batch", "1", "--lr", "1e-2", *extra]), None)
+
+
+@pytest.mark.parametrize("minibatches", [1, 2, 3])
+def test_first_minibatch_uses_its_own_forward_as_pi_old(policy_dir, minibatches):
+    packed = batch()
+    full, short = trainer(policy_dir, "--minibatches", str(minibatches)), trainer(policy_dir, "--minibatches",
+                                                                                  str(minibatches))
+    parts = full.minibatches(8)
+    later = torch.cat(parts[1:]) if len(parts) > 1 else parts[0][:0]
+    old_full = full.recompute(packed, torch.arange(8))
+    old_short = short.recompute(packed, later)
+    assert torch.isnan(old_short[parts[0]]).all() and not torch.isnan(old_full).any()
+    a, b = full.train(packed, parts, old_full), short.train(packed, parts, old_short)
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    assert a["kl_to_start"] == pytest.approx(b["kl_to_start"], abs=1e-7) and a["kl_to_start"] == 0.0
+    for p, q in zip(full.policy.parameters(), short.policy.parameters()):
+        assert torch.allclose(p, q, atol=1e-7)   # micro-batches of one row: the same shapes, the same sums
+    moved = sum(float((p - s).abs().sum()) for p, s in zip(short.policy.parameters(), short.start.parameters()))
+    assert moved > 0                                        # the step did train
+    # After the update the policy has left the start policy: KL now measures something.
+    assert short.train(batch(seed=2), parts, short.recompute(batch(seed=2), later))["kl_to_start"] > 0
+
+
+def test_a_later_minibatch_without_pi_old_is_refused(policy_dir):
+    t = trainer(policy_dir, "--minibatches", "2")
+    packed = batch()
+    parts = t.minibatches(8)
+    with pytest.raises(ValueError, match="pi_old missing"):
+        t.train(packed, parts, t.recompute(packed, parts[0]))   # pi_old given for the wrong part
