@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Evidence for the GRPO trainer (not a test). Runs one after another (2 cores: never two vLLM engines at once).
 #
-#   bash bench/grpo_runs.sh accuracy [STEPS]   one long sync run on the default model without speculation (the
-#                                             fastest way to move the policy here), held-out accuracy on 256
-#                                             problems every 3 steps; default 16 steps (~80 min on 2 cores)
+#   bash bench/grpo_runs.sh accuracy [STEPS] [LR]
+#                                             one long sync run on the default model without speculation (the
+#                                             fastest way to move the policy here), held-out accuracy on the same
+#                                             256 problems before, every 3 steps and at the end; default 16 steps
+#                                             at lr 5e-6 (~6 min per step on 2 cores)
 #   bash bench/grpo_runs.sh compare [STEPS]    short runs that differ in one thing each, on the same batch shape
 #                                             (half the accuracy run's: 4 prompts x 8 samples, to fit a session):
 #                                             speculation on/off, sync/async, drafter adaptation on/off;
@@ -21,7 +23,8 @@ compared=(sync-nospec sync-spec-adapt async-spec-adapt sync-spec-frozen)
 run() { name=$1; shift; echo "=== $name: $*"; rm -rf "runs/$name"; "$py" -m trainer_example.train "${common[@]}" --out "runs/$name" "$@"; }
 case "$what" in
   accuracy)
-    run accuracy-sync-nospec --mode sync --steps "${2:-16}" --eval-size 256 --eval-every 3 --speculation none ;;
+    run accuracy-sync-nospec --mode sync --steps "${2:-16}" --lr "${3:-5e-6}" --eval-size 256 --eval-every 3 \
+        --speculation none ;;
   compare)
     steps=${2:-3}
     short=(--steps "$steps" --prompts 4 --eval-size 16 --eval-every 1000 --draft-every 1)
@@ -37,5 +40,5 @@ case "$what" in
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
-  *) sed -n 2,14p "$0"; exit 2 ;;
+  *) sed -n 2,16p "$0"; exit 2 ;;
 esac
