@@ -36,7 +36,8 @@ case "$what" in
     out=bench/results/grpo
     mkdir -p "$out"
     dirs=()
-    for d in "${compared[@]/#/runs/}" runs/accuracy-sync-nospec; do   # ratios against the first: sync-nospec [[ -s $d/metrics.jsonl ]] && dirs+=("$d"); done
+    # sync-nospec first: the table's ratios are against it (the accuracy run has twice the batch: not comparable)
+    for d in "${compared[@]/#/runs/}" runs/accuracy-sync-nospec; do [[ -s $d/metrics.jsonl ]] && dirs+=("$d"); done
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
