@@ -100,13 +100,14 @@ class Trainer:
         return list(torch.randperm(batch_size).chunk(self.args.minibatches))
 
     @torch.no_grad()
-    def recompute(self, packed: Packed, rows: torch.Tensor) -> torch.Tensor:
-        """pi_old log-probs of every target token of `rows`, [B, L-1]; NaN in the rows not asked for.
-        The first minibatch needs none: it trains before any optimiser step, so its own forward pass is pi_old
-        (the policy runs in eval mode throughout, so that forward is the same function as this one)."""
+    def recompute(self, packed: Packed, parts: list[torch.Tensor]) -> torch.Tensor:
+        """pi_old log-probs of every target token of the minibatches after the first, [B, L-1]; NaN in the
+        first's rows. The first minibatch needs none: it trains before any optimiser step, so its own forward
+        pass is pi_old (the policy runs in eval mode throughout, so that forward is the same function as this one)."""
         old = torch.full_like(packed.rollout_logp, float("nan"))
-        if len(rows) == 0:
+        if len(parts) < 2:
             return old
+        rows = torch.cat(parts[1:])
         sub = packed.select(rows)
         old[rows] = 0.0                 # padding past each row's end stays finite (the loss masks it)
         self.policy.eval()
@@ -234,7 +235,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                 packed = pack(rollouts)
                 # 2. recompute pi_old for the minibatches that train after the first optimiser step
                 parts = trainer.minibatches(len(rollouts))
-                old = trainer.recompute(packed, torch.cat(parts[1:]) if len(parts) > 1 else parts[0][:0])
+                old = trainer.recompute(packed, parts)
                 t2 = time.perf_counter()
                 recompute_s = t2 - t1
                 # 3. train

@@ -46,9 +46,8 @@ def test_first_minibatch_uses_its_own_forward_as_pi_old(policy_dir, minibatches)
     full, short = trainer(policy_dir, "--minibatches", str(minibatches)), trainer(policy_dir, "--minibatches",
                                                                                   str(minibatches))
     parts = full.minibatches(8)
-    later = torch.cat(parts[1:]) if len(parts) > 1 else parts[0][:0]
-    old_full = full.recompute(packed, torch.arange(8))
-    old_short = short.recompute(packed, later)
+    old_full = full.recompute(packed, [torch.arange(0)] + parts)   # every row, as if no part went first
+    old_short = short.recompute(packed, parts)
     assert torch.isnan(old_short[parts[0]]).all() and not torch.isnan(old_full).any()
     a, b = full.train(packed, parts, old_full), short.train(packed, parts, old_short)
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
@@ -58,7 +57,7 @@ def test_first_minibatch_uses_its_own_forward_as_pi_old(policy_dir, minibatches)
     moved = sum(float((p - s).abs().sum()) for p, s in zip(short.policy.parameters(), short.start.parameters()))
     assert moved > 0                                        # the step did train
     # After the update the policy has left the start policy: KL now measures something.
-    assert short.train(batch(seed=2), parts, short.recompute(batch(seed=2), later))["kl_to_start"] > 0
+    assert short.train(batch(seed=2), parts, short.recompute(batch(seed=2), parts))["kl_to_start"] > 0
 
 
 def test_a_later_minibatch_without_pi_old_is_refused(policy_dir):
@@ -66,4 +65,4 @@ def test_a_later_minibatch_without_pi_old_is_refused(policy_dir):
     packed = batch()
     parts = t.minibatches(8)
     with pytest.raises(ValueError, match="pi_old missing"):
-        t.train(packed, parts, t.recompute(packed, parts[0]))   # pi_old given for the wrong part
+        t.train(packed, parts, t.recompute(packed, parts[::-1]))   # pi_old given for the wrong part
