@@ -1,14 +1,17 @@
 """Speculation on vs off on an RL-shaped workload, side by side in one run (not a test).
 
-    .venv/bin/python bench/speculation.py [--draft-model DIR] [--methods draft_model,ngram] [--ks 1,2,3,5]
+    .venv/bin/python bench/speculation.py [--draft-model DIR] [--eagle3-head DIR]
+                                          [--methods draft_model,eagle3,ngram] [--ks 1,2,3,5]
                                           [--concurrency 1,8,32] [--max-tokens 256]
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples (concurrency 1
 runs single samples), up to 256 new tokens, temperature 1.0, natural EOS. Same engine settings, same
 prompts and seeds for every configuration. For each (method, k, concurrency): throughput ratio against
-the plain engine, acceptance rate a, mean acceptance length, the drafter's measured cost c (one drafter
-decode step / one target decode step, both measured here as plain engines at the same concurrency; 0 for
-n-gram), and the analytical speedup bound (1 - a^(k+1)) / ((1 - a)(1 + c k)).
+the plain engine, acceptance rate a, mean acceptance length, the drafter's measured cost c, and the
+analytical speedup bound (1 - a^(k+1)) / ((1 - a)(1 + c k)). c is one drafter step over one target step:
+for the draft model both run as plain vLLM engines at the same concurrency; an EAGLE-3 head cannot run
+alone in vLLM, so its c is one head step over one target forward, both timed in PyTorch in this process at
+the same batch (it leaves out vLLM's per-step overhead of drafting); 0 for n-gram.
 """
 from __future__ import annotations
 
@@ -61,11 +64,37 @@ async def run_config(model: str, spec, prompts, concurrency: list[int], max_toke
     return out
 
 
+def eagle3_cost(model: str, head_dir: str, concurrency: list[int], ctx: int = 32, reps: int = 3) -> dict:
+    """One head step / one target forward at equal batch and length, timed in PyTorch (see the docstring)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.speculation.eagle3 import load_head
+
+    target = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    head = load_head(head_dir, target).eval()
+    out = {}
+    with torch.no_grad():
+        for c in concurrency:
+            ids = torch.randint(0, 1000, (c, ctx))
+            aux = torch.randn(c, ctx, head.fc.in_features)
+            times = []
+            for fn in (lambda: target(input_ids=ids), lambda: head.unroll(aux, ids, 1)):
+                fn()
+                t = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                times.append(time.perf_counter() - t)
+            out[c] = times[1] / times[0]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--draft-model")
-    ap.add_argument("--methods", default="draft_model,ngram")
+    ap.add_argument("--eagle3-head", help="EAGLE-3 head (default: `rollout-service prepare-drafter --kind eagle3`)")
+    ap.add_argument("--methods", default="draft_model,eagle3,ngram")
     ap.add_argument("--ks", default="1,2,3,5")
     ap.add_argument("--ngram-ks", default="3", help="k values for ngram (it rarely proposes on this task)")
     ap.add_argument("--concurrency", default="1,8,32")
@@ -80,29 +109,34 @@ def main() -> None:
 
     model = resolve_model(args.model)
     drafter = args.draft_model or str(default_drafter_dir("draft_model"))
+    head = args.eagle3_head or str(default_drafter_dir("eagle3"))
     conc = [int(x) for x in args.concurrency.split(",")]
     prompts = task_prompts(AutoTokenizer.from_pretrained(model), max(conc) // 4 + 2, start=50_000)
-    print(f"target {model}\ndrafter {drafter}\nconcurrency {conc}, max_tokens {args.max_tokens}, temperature 1.0")
+    print(f"target {model}\ndrafter {drafter}\nEAGLE-3 head {head}\nconcurrency {conc}, max_tokens {args.max_tokens}, temperature 1.0")
 
     print("plain target:", flush=True)
     plain = asyncio.run(run_config(model, SpeculationConfig(), prompts, conc, args.max_tokens))
-    cost = {c: 0.0 for c in conc}
     methods = args.methods.split(",")
+    cost = {m: {c: 0.0 for c in conc} for m in methods}
     if "draft_model" in methods:
         print("drafter alone (for its cost c):", flush=True)
         alone = asyncio.run(run_config(drafter, SpeculationConfig(), prompts, conc, args.max_tokens))
-        cost = {c: plain[c]["tok_s"] / alone[c]["tok_s"] for c in conc}   # step time ratio at equal batch
+        cost["draft_model"] = {c: plain[c]["tok_s"] / alone[c]["tok_s"] for c in conc}   # step time ratio
+    if "eagle3" in methods:
+        cost["eagle3"] = eagle3_cost(model, head, conc)
+        print("EAGLE-3 head step / target step (PyTorch): "
+              + ", ".join(f"{c}: {v:.3f}" for c, v in cost["eagle3"].items()), flush=True)
     rows = []
     for method in methods:
         ks = [int(k) for k in (args.ks if method != "ngram" else args.ngram_ks).split(",")]
         for k in ks:
             spec = SpeculationConfig(method=method, num_speculative_tokens=k,
-                                     model=drafter if method in ("draft_model", "eagle3") else "",
+                                     model={"draft_model": drafter, "eagle3": head}.get(method, ""),
                                      prompt_lookup_min=2, prompt_lookup_max=5)
             print(f"{method} k={k}:", flush=True)
             res = asyncio.run(run_config(model, spec, prompts, conc, args.max_tokens))
             for c in conc:
-                cc = cost[c] if method == "draft_model" else 0.0
+                cc = cost[method][c]
                 r = res[c]
                 b = bound(r["a"], k, cc)
                 rows.append((method, k, c, plain[c]["tok_s"], r["tok_s"], r["tok_s"] / plain[c]["tok_s"], r["a"],

@@ -59,14 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n", type=int, default=4)
     d.add_argument("--max-tokens", type=int, default=96)
     sub.add_parser("check-stubs", help="exit 1 when the committed gRPC stubs are stale")
-    pd = sub.add_parser("prepare-drafter", help="distill a 2-layer draft model for the default model on its own "
-                                                 "samples of the trainer task (once, cached; minutes on CPU)")
+    pd = sub.add_parser("prepare-drafter", help="train a drafter for the default model on its own samples of the "
+                                                 "trainer task (once, cached; minutes on CPU): a distilled 2-layer "
+                                                 "draft model or an EAGLE-3 head")
+    pd.add_argument("--kind", default="draft_model", choices=["draft_model", "eagle3"])
     pd.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
     pd.add_argument("--out", help="output directory (default: the cache)")
-    pd.add_argument("--layers", type=int, default=2)
+    pd.add_argument("--layers", type=int, default=2, help="draft_model: decoder layers kept")
     pd.add_argument("--prompts", type=int, default=192)
     pd.add_argument("--max-tokens", type=int, default=128)
-    pd.add_argument("--epochs", type=int, default=4)
+    pd.add_argument("--epochs", type=int, help="default: 4 (draft_model), 10 (eagle3)")
     pd.add_argument("--force", action="store_true")
     v = sub.add_parser("verify-lossless", help="prove speculative sampling matches plain sampling (G-tests) and "
                                                "that returned log-probs match an independent forward pass")
@@ -167,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "prepare-drafter":
         from pathlib import Path
 
-        from rollout_service.speculation.drafters import prepare_draft_model
+        from rollout_service.speculation.drafters import prepare_draft_model, prepare_eagle3_head
 
-        print(prepare_draft_model(resolve_model(args.model), Path(args.out) if args.out else None,
-                                  layers=args.layers, prompts=args.prompts, max_tokens=args.max_tokens,
-                                  epochs=args.epochs, force=args.force))
+        out = Path(args.out) if args.out else None
+        if args.kind == "eagle3":
+            print(prepare_eagle3_head(resolve_model(args.model), out, prompts=args.prompts,
+                                      max_tokens=args.max_tokens, epochs=args.epochs or 10, force=args.force))
+        else:
+            print(prepare_draft_model(resolve_model(args.model), out, layers=args.layers, prompts=args.prompts,
+                                      max_tokens=args.max_tokens, epochs=args.epochs or 4, force=args.force))
         return 0
     if args.cmd == "verify-lossless":
         return cmd_verify_lossless(args)

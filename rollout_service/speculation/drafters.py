@@ -3,6 +3,8 @@
 draft_model: a 2-layer model that shares SmolLM2's tokenizer, embeddings and head, initialised from the
 target's first layers and distilled (KL to the target's full next-token distribution) on the target's
 own samples for the trainer example's task: the RL domain the drafter has to predict.
+eagle3: an EAGLE-3 head trained on the target's hidden states (three layers) and next-token distributions
+for the same samples (rollout_service/speculation/eagle3.py).
 """
 from __future__ import annotations
 
@@ -107,6 +109,25 @@ def distill(target, student, data, *, epochs: int, lr: float, batch: int, progre
     return losses
 
 
+def target_samples(target_dir: str, prompts: int, max_tokens: int) -> list:
+    """The target's own samples of the task, generated once with vLLM and cached beside the drafters
+    (every drafter kind trains on the same samples)."""
+    from transformers import AutoTokenizer
+
+    cache = cache_dir() / "drafters" / f"{Path(target_dir).name}.samples-{prompts}x{max_tokens}.json"
+    if cache.exists():
+        data = [(p, g) for p, g in json.loads(cache.read_text())]
+        print(f"reusing {len(data)} cached target samples from {cache}", flush=True)
+        return data
+    print(f"sampling {prompts} continuations of the task from the target ({target_dir}) with vLLM ...", flush=True)
+    data = sample_target(target_dir, task_prompts(AutoTokenizer.from_pretrained(target_dir), prompts), max_tokens)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, cache)
+    return data
+
+
 def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int = 2, prompts: int = 192,
                         max_tokens: int = 128, epochs: int = 4, lr: float = 1e-3, batch: int = 8,
                         force: bool = False) -> Path:
@@ -118,16 +139,7 @@ def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int
         return out
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(target_dir)
-    cache = out.parent / f"{out.name}.samples-{prompts}x{max_tokens}.json"
-    if cache.exists():
-        data = [(p, g) for p, g in json.loads(cache.read_text())]
-        print(f"reusing {len(data)} cached target samples from {cache}", flush=True)
-    else:
-        print(f"sampling {prompts} continuations of the task from the target ({target_dir}) with vLLM ...",
-              flush=True)
-        data = sample_target(target_dir, task_prompts(tok, prompts), max_tokens)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(data))
+    data = target_samples(target_dir, prompts, max_tokens)
     torch.set_num_threads(os.cpu_count() or 1)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     student = build_student(target, layers)
@@ -137,3 +149,13 @@ def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int
     print(f"drafter saved to {out} in {time.perf_counter() - t0:.0f} s (KL first batch {losses[0]:.3f}, "
           f"last {losses[-1]:.3f})", flush=True)
     return out
+
+
+def prepare_eagle3_head(target_dir: str, out: Path | None = None, *, prompts: int = 192, max_tokens: int = 128,
+                        epochs: int = 10, force: bool = False) -> Path:
+    from rollout_service.speculation.eagle3 import prepare_eagle3
+
+    out = out or default_drafter_dir("eagle3")
+    if (out / "config.json").exists() and not force:
+        return out
+    return prepare_eagle3(target_dir, target_samples(target_dir, prompts, max_tokens), out, epochs=epochs)

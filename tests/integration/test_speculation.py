@@ -54,6 +54,33 @@ def test_check_fails_on_a_temperature_mismatch(tiny_model, drafter, plain):
     assert not report.passed_distribution
 
 
+@pytest.fixture(scope="module")
+def eagle3_head(tiny_model, tmp_path_factory):
+    """An EAGLE-3 head for the tiny target, trained (seconds) with the code of `rollout-service
+    prepare-drafter --kind eagle3` on the target's own samples of the test's prompts: the tiny target is a
+    random network, so like any drafter the head can only learn the continuations it is shown."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.speculation.eagle3 import prepare_eagle3
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    data = []
+    for prompt in PROMPTS:
+        out = model.generate(torch.tensor([prompt] * 96), do_sample=True, max_new_tokens=ARGS["max_tokens"] + 1,
+                             min_new_tokens=ARGS["max_tokens"] + 1, top_k=ARGS["top_k"], temperature=1.0)
+        data += [(prompt, row[len(prompt):].tolist()) for row in out]
+    return prepare_eagle3(str(tiny_model), data, tmp_path_factory.mktemp("drafters") / "eagle3", epochs=8,
+                          lr=3e-3, draft_vocab_size=256, holdout=8, progress=False)
+
+
+def test_eagle3_speculation_is_lossless(tiny_model, eagle3_head, plain):
+    report = check_lossless(str(tiny_model), spec(eagle3_head, "eagle3"), PROMPTS, plain=plain, **ARGS)
+    print(report.render())
+    assert report.passed, report.render()
+    assert report.acceptance_rate > 0.05, "the trained head should be accepted some of the time"
+
+
 def ngram_prompts(model_dir, bases):
     """Prompts that already contain every likely first token (the model's top-4 after the prompt), so the
     n-gram drafter finds a match right after the first generated token and proposes what followed it."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollout_client import RolloutClient, build_request
+from rollout_client import RolloutClient
 from rollout_client.weights import push_stream
 from rollout_service.api import pb
 from rollout_service.speculation.reference import processed_logprobs
