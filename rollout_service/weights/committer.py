@@ -22,6 +22,7 @@ from rollout_service.engine.base import EngineState
 from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
 from rollout_service.weights.manifest import safetensors_files
+from rollout_service.weights.shield import run_to_end
 
 log = logging.getLogger(__name__)
 MODES = ("abort", "wait", "keep")
@@ -56,8 +57,24 @@ class WeightCommitter:
 
     async def commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
                      keep_files: bool) -> CommitResult:
-        """Apply `files` (safetensors holding `names`) as `version` of `target` on every engine."""
+        """Apply `files` (safetensors holding `names`) as `version` of `target` on every engine.
+
+        Runs to its end even when the caller is cancelled (shield.run_to_end), so no engine is left paused
+        or half-loaded. keep_files=False hands the files to the committer: moved into its state when the
+        commit lands, deleted when it fails. keep_files=True (LoadWeights) copies and never deletes them."""
         assert mode in MODES
+
+        async def commit_owning_files():
+            try:
+                return await self._commit(files, names, version, target, mode, keep_files)
+            finally:
+                if not keep_files:
+                    for f in files:              # gone already if the commit moved them into its state
+                        Path(f).unlink(missing_ok=True)
+        return await run_to_end(commit_owning_files(), "commit")
+
+    async def _commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
+                      keep_files: bool) -> CommitResult:
         async with self.lock:
             self.check_version(target, version)      # again: a concurrent push may have won the race
             # Engines starting or restarting are left out: restart_at_committed (under this lock) replays

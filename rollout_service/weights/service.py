@@ -11,6 +11,7 @@ from typing import AsyncIterator
 from rollout_service.errors import invalid
 from rollout_service.weights.committer import WeightCommitter
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest, safetensors_files
+from rollout_service.weights.shield import run_to_end
 from rollout_service.weights.staging import Stager, staging_root
 
 log = logging.getLogger(__name__)
@@ -49,29 +50,6 @@ class Chunk:
     data: bytes
 
 
-async def _run_to_end(work, what: str, orphaned=None):
-    """Await `work` so that cancelling the RPC (client gone, SIGTERM) does not cut it in the middle: it runs
-    on, and `orphaned(result)` cleans up after it. Used for the staging write (cut, it would leave its file
-    in /dev/shm) and for the commit (cut, it would leave engines paused with the new weights under the old
-    version label; run to its end it is all-or-nothing as usual, and GetStatus shows the outcome)."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if not task.done():
-            log.warning("a weight push was cancelled during its %s; that runs to its end", what)
-
-        def after(t: asyncio.Task) -> None:
-            if t.cancelled():
-                return
-            if t.exception() is not None:
-                log.warning("the cancelled push's %s failed: %s", what, t.exception())
-            elif orphaned is not None:
-                orphaned(t.result())
-        task.add_done_callback(after)
-        raise
-
-
 class WeightService:
     def __init__(self, committer: WeightCommitter, manifests: dict[str, Manifest]):
         self.committer = committer
@@ -102,16 +80,11 @@ class WeightService:
         # GIL), so Generate streams keep flowing on the event loop while a large push arrives.
         async for c in chunks:
             await asyncio.to_thread(stager.add, c.name, c.dtype, c.shape, c.offset, c.data)
-        staged = await _run_to_end(asyncio.to_thread(stager.finish, staging_root()), "staging write",
-                                   orphaned=lambda st: st.discard())
-
-        async def commit_then_discard():
-            try:
-                return await self.committer.commit([staged.path], staged.names, header.version, header.target,
-                                                   header.mode, keep_files=False)
-            finally:
-                staged.discard()
-        res = await _run_to_end(commit_then_discard(), "commit")
+        staged = await run_to_end(asyncio.to_thread(stager.finish, staging_root()), "staging write",
+                                  orphaned=lambda st: st.discard())
+        # The committer owns the staged file from here: it keeps it on success and deletes it otherwise.
+        res = await self.committer.commit([staged.path], staged.names, header.version, header.target,
+                                          header.mode, keep_files=False)
         return PushOutcome(res.version, header.target, len(staged.names), staged.num_bytes, staged.partial,
                            staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0)
 
@@ -138,7 +111,7 @@ class WeightService:
                 nbytes += size
         missing = manifest.check_complete(names, partial, where=f"{path}: ")
         validate_s = time.perf_counter() - t_val
-        res = await _run_to_end(self.committer.commit(files, names, version, target, mode, keep_files=True), "commit")
+        res = await self.committer.commit(files, names, version, target, mode, keep_files=True)
         return PushOutcome(res.version, target, len(names), nbytes, missing, t_val - t0, validate_s,
                            res.apply_s, res.pause_s, time.perf_counter() - t0)
 

@@ -81,6 +81,34 @@ def test_eagle3_speculation_is_lossless(tiny_model, eagle3_head, plain):
     assert report.acceptance_rate > 0.05, "the trained head should be accepted some of the time"
 
 
+def test_eagle3_head_update_moves_acceptance(tiny_model, eagle3_head, tmp_path):
+    """UpdateDraft into a running EAGLE-3 head (its float tensors, as named in the head's safetensors; the
+    draft vocabulary mapping d2t stays): a degraded head is accepted less, per drafter version."""
+    from safetensors.torch import load_file
+
+    svc = ServiceProcess(str(tiny_model), log_path=tmp_path / "eagle3.log",
+                         extra_args=SERVICE_ARGS + ["--speculation", "eagle3", "--draft-model", str(eagle3_head),
+                                                    "--num-speculative-tokens", "3"]).start()
+    try:
+        with RolloutClient(svc.target) as c:
+            gen = dict(n=32, max_tokens=ARGS["max_tokens"], top_k=ARGS["top_k"], temperature=1.0, ignore_eos=True)
+            assert all(s.num_drafted > 0 and s.draft_version == 0 for s in c.generate(PROMPTS, **gen))
+            st = c.status()
+            assert st.speculation_method == "eagle3"
+            trained = acceptance(st, 0)
+            assert trained.acceptance_rate > 0.1, trained
+            head = {k: v for k, v in load_file(str(eagle3_head / "model.safetensors")).items() if k != "d2t"}
+            g = torch.Generator().manual_seed(0)
+            worse = {k: v + torch.randn(v.shape, generator=g) * 2 * v.std() for k, v in head.items()}
+            res = c.update_draft(worse, 1, partial=True)
+            assert res.version == 1 and res.target == "drafter"
+            assert all(s.draft_version == 1 for s in c.generate(PROMPTS, **gen))
+            degraded = acceptance(c.status(), 1)
+            assert degraded.acceptance_rate < trained.acceptance_rate - 0.1, (degraded, trained)
+    finally:
+        assert svc.stop() == 0
+
+
 def ngram_prompts(model_dir, bases):
     """Prompts that already contain every likely first token (the model's top-4 after the prompt), so the
     n-gram drafter finds a match right after the first generated token and proposes what followed it."""

@@ -69,6 +69,8 @@ def test_serving_dtype_is_accepted_other_dtypes_are_not(setup):
 
 
 def test_engine_failure_rolls_back_every_engine(setup):
+    from rollout_service.weights import staging
+
     async def main():
         pool, svc = await setup()
         first = {"a.weight": torch.full((4, 3), 1.0), "b.bias": torch.ones(5, dtype=torch.bfloat16)}
@@ -77,11 +79,27 @@ def test_engine_failure_rolls_back_every_engine(setup):
         with pytest.raises(ServiceError) as e:
             await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 2, partial=True)
         assert e.value.code is grpc.StatusCode.INTERNAL and "still serves policy version 1" in e.value.message
+        assert not list(staging.staging_root().glob("*.safetensors")), "a failed commit removes its staged file"
         for eng in pool.engines:                # engine 0 had loaded v2's value: restored to v1's
             assert torch.equal(eng.weights["a.weight"], first["a.weight"])
             assert eng.policy_version == 1 and eng.state.name == "READY"
         out = await push(svc, {"a.weight": torch.full((4, 3), 3.0)}, 2, partial=True)   # and pushes work again
         assert out.version == 2
+    asyncio.run(main())
+
+
+def test_failed_load_weights_leaves_the_callers_file_alone(setup, tmp_path):
+    async def main():
+        pool, svc = await setup()
+        f = tmp_path / "mine.safetensors"
+        save_file({"a.weight": torch.full((4, 3), 5.0)}, str(f))
+        pool.engines[1].fail_load = 1
+        with pytest.raises(ServiceError):
+            await svc.load(str(f), 1, "policy", "wait", partial=True)
+        assert f.exists() and pool.policy_version == 0
+        out = await svc.load(str(f), 1, "policy", "wait", partial=True)
+        assert out.version == 1 and f.exists()          # LoadWeights copies the file, never takes it
+        assert torch.equal(pool.engines[0].weights["a.weight"], torch.full((4, 3), 5.0))
     asyncio.run(main())
 
 
