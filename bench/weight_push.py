@@ -4,7 +4,8 @@
 
 - PushWeights of the whole model (bf16, as a trainer would send it), service idle: end-to-end GB/s and
   the server's phase timings (receive, validate, apply, pause);
-- PushWeights in keep mode while a batch of generation is in flight: the pause window;
+- PushWeights in keep mode while a batch of generation is in flight: the pause window (the engines load the
+  new weights beside the served ones while generating, "prepare", then pause only to swap them in);
 - LoadWeights of the same tensors from a safetensors file on local disk;
 - this machine's memcpy bandwidth (a torch copy of the same byte count), as the ceiling.
 """
@@ -69,8 +70,8 @@ def main() -> None:
         print(f"PushWeights (idle, wait mode), {args.repeats} runs: end-to-end {nbytes / med / 1e9:.2f} GB/s "
               f"(median {med:.2f} s until the new version serves)")
         for w, r in rows:
-            print(f"  wall {w:.2f} s | receive {r.receive_s:.2f} validate {r.validate_s:.2f} apply {r.apply_s:.2f} "
-                  f"pause {r.pause_s:.3f} total {r.total_s:.2f} s")
+            print(f"  wall {w:.2f} s | receive {r.receive_s:.2f} validate {r.validate_s:.2f} "
+                  f"prepare {r.prepare_s:.2f} apply {r.apply_s:.3f} pause {r.pause_s:.3f} total {r.total_s:.2f} s")
 
         # keep mode with generation in flight
         prompts = [[1, 9690, 198, 2683, 359, 100 + i] for i in range(16)]
@@ -89,8 +90,8 @@ def main() -> None:
             r = client.push_weights(model, version, mode="keep")
             th.join()
             pauses.append(r.pause_s)
-            print(f"  keep mode with 64 sequences in flight: pause {r.pause_s:.3f} s (apply {r.apply_s:.3f} s), "
-                  f"{out['n']} samples finished")
+            print(f"  keep mode with 64 sequences in flight: pause {r.pause_s:.3f} s (apply {r.apply_s:.3f} s; "
+                  f"prepared while generating: {r.prepare_s:.2f} s), {out['n']} samples finished")
         print(f"PushWeights keep mode: median pause window {statistics.median(pauses):.3f} s (goal < 0.5 s)")
 
         with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as d:
@@ -103,7 +104,7 @@ def main() -> None:
                 lw.append(time.perf_counter() - t)
             med_l = statistics.median(lw)
             print(f"LoadWeights from local disk: {r.num_bytes / med_l / 1e9:.2f} GB/s (median {med_l:.2f} s; "
-                  f"apply {r.apply_s:.2f} s, pause {r.pause_s:.3f} s)")
+                  f"prepare {r.prepare_s:.2f} s, apply {r.apply_s:.3f} s, pause {r.pause_s:.3f} s)")
         print(f"ratio PushWeights / LoadWeights wall time: {med / med_l:.2f}")
 
 

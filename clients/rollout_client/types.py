@@ -78,9 +78,10 @@ class PushResult:
     apply_s: float
     pause_s: float
     total_s: float
+    prepare_s: float             # loading beside the served weights while generating (before the pause)
 
     @classmethod
     def from_proto(cls, m: pb.PushResult) -> "PushResult":
         t = m.timings
         return cls(m.version, "drafter" if m.target == pb.TARGET_DRAFTER else "policy", m.num_tensors, m.num_bytes,
-                   m.partial, t.receive_s, t.validate_s, t.apply_s, t.pause_s, t.total_s)
+                   m.partial, t.receive_s, t.validate_s, t.apply_s, t.pause_s, t.total_s, t.prepare_s)

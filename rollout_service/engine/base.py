@@ -56,7 +56,21 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def load_weights(self, path: str, target: str) -> None:
-        """Load the tensors of a safetensors file into the "policy" or the "drafter" (engine paused)."""
+        """Load the tensors of a safetensors file into the "policy" or the "drafter" in place (engine
+        paused). Rollbacks and restarts use it; commits use prepare_weights + swap_weights."""
+
+    @abc.abstractmethod
+    async def prepare_weights(self, paths: list[str], target: str) -> None:
+        """Load the tensors of safetensors files beside the served "policy" or "drafter" weights, while
+        the engine keeps generating. Nothing served changes; raises if they cannot be loaded."""
+
+    @abc.abstractmethod
+    async def swap_weights(self, target: str) -> None:
+        """Serve the prepared weights from the next step on (engine paused)."""
+
+    @abc.abstractmethod
+    async def discard_weights(self) -> None:
+        """Drop prepared weights, if any."""
 
     @abc.abstractmethod
     async def set_versions(self, policy_version: int, draft_version: int) -> None:

@@ -25,7 +25,9 @@ class FakeEngine(Engine):
         self.seen: list[SeqRequest] = []
         self.events: list[tuple] = []     # control-plane calls, in order
         self.weights: dict = {}           # tensors loaded by load_weights since start
-        self.fail_load = 0                # fail the next N load_weights calls
+        self.fail_load = 0                # fail the next N load_weights / swap_weights calls
+        self.fail_prepare = 0             # fail the next N prepare_weights calls
+        self.prepared = None              # (target, tensors) from prepare_weights
         self.dead = False                 # kill(): the engine's "process" is gone
         self.starts = 0
         self.fail_starts = 0              # fail the next N start calls
@@ -100,6 +102,32 @@ class FakeEngine(Engine):
         with safe_open(path, "pt") as f:
             for name in f.keys():
                 self.weights[name] = f.get_tensor(name)
+
+    async def prepare_weights(self, paths: list[str], target: str) -> None:
+        self.events.append(("prepare", target))
+        if self.fail_prepare:
+            self.fail_prepare -= 1
+            raise RuntimeError("injected prepare failure")
+        from safetensors import safe_open
+
+        self.prepared = (target, {})
+        for path in paths:
+            with safe_open(path, "pt") as f:
+                for name in f.keys():
+                    self.prepared[1][name] = f.get_tensor(name)
+
+    async def swap_weights(self, target: str) -> None:
+        self.events.append(("swap", target))
+        if self.fail_load:
+            self.fail_load -= 1
+            raise RuntimeError("injected swap failure")
+        assert self.prepared is not None and self.prepared[0] == target, "swap without prepared weights"
+        self.weights.update(self.prepared[1])
+        self.prepared = None
+
+    async def discard_weights(self) -> None:
+        self.events.append(("discard",))
+        self.prepared = None
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         self.policy_version, self.draft_version = policy_version, draft_version

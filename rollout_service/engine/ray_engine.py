@@ -22,6 +22,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import msgspec
 
@@ -63,15 +64,24 @@ class EngineActor:
         await self.engine.resume()
 
     async def load_weights(self, data: bytes, target: str) -> None:
-        shm = Path("/dev/shm")
-        folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-        fd, name = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+        names = _local_files([data])
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(memoryview(data))
-            await self.engine.load_weights(name, target)
+            await self.engine.load_weights(names[0], target)
         finally:
-            Path(name).unlink(missing_ok=True)
+            _remove(names)
+
+    async def prepare_weights(self, refs: list, target: str) -> None:
+        names = _local_files(await asyncio.gather(*refs))   # refs inside a list are not resolved by Ray
+        try:
+            await self.engine.prepare_weights(names, target)
+        finally:                                       # the prepared weights are copies: the files can go
+            _remove(names)
+
+    async def swap_weights(self, target: str) -> None:
+        await self.engine.swap_weights(target)
+
+    async def discard_weights(self) -> None:
+        await self.engine.discard_weights()
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         await self.engine.set_versions(policy_version, draft_version)
@@ -80,24 +90,45 @@ class EngineActor:
         await self.engine.shutdown()
 
 
+def _local_files(datas: list[bytes]) -> list[str]:
+    """Write safetensors bytes from the object store to this node's /dev/shm (else the temp dir)."""
+    shm = Path("/dev/shm")
+    folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    names = []
+    try:
+        for data in datas:
+            fd, name = tempfile.mkstemp(suffix=".safetensors", dir=folder)
+            names.append(name)
+            with os.fdopen(fd, "wb") as f:
+                f.write(memoryview(data))
+    except BaseException:
+        _remove(names)
+        raise
+    return names
+
+
+def _remove(names: list[str]) -> None:
+    for name in names:
+        Path(name).unlink(missing_ok=True)
+
+
 class _SharedFile:
-    """The object-store copy of the file being committed: one `ray.put` per (path, mtime), dropped when the
-    next file comes (a commit loads one file on every engine in turn)."""
+    """The object-store copies of the files being committed: one `ray.put` per (path, mtime) set, dropped
+    when the next set comes (a commit hands the same files to every engine in turn)."""
 
     key: tuple | None = None
-    ref = None
+    refs: ClassVar[list] = []
 
     @classmethod
-    def get(cls, path: str):
+    def get(cls, paths: list[str]) -> list:
         import ray
 
-        st = os.stat(path)
-        key = (path, st.st_mtime_ns, st.st_size)
+        key = tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in paths)
         if cls.key != key:
-            cls.ref = None
-            cls.ref = ray.put(Path(path).read_bytes())
+            cls.refs = []
+            cls.refs = [ray.put(Path(p).read_bytes()) for p in paths]
             cls.key = key
-        return cls.ref
+        return cls.refs
 
 
 class RayEngine(Engine):
@@ -175,7 +206,16 @@ class RayEngine(Engine):
         self.state = EngineState.READY
 
     async def load_weights(self, path: str, target: str) -> None:
-        await self.actor.load_weights.remote(_SharedFile.get(path), target)
+        await self.actor.load_weights.remote(_SharedFile.get([path])[0], target)
+
+    async def prepare_weights(self, paths: list[str], target: str) -> None:
+        await self.actor.prepare_weights.remote(_SharedFile.get([str(p) for p in paths]), target)
+
+    async def swap_weights(self, target: str) -> None:
+        await self.actor.swap_weights.remote(target)
+
+    async def discard_weights(self) -> None:
+        await self.actor.discard_weights.remote()
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         await self.actor.set_versions.remote(policy_version, draft_version)

@@ -14,13 +14,38 @@ from rollout_service.engine.types import SeqRequest, SeqResult
 log = logging.getLogger(__name__)
 
 
+# vLLM's "auto" OpenMP binding leaves one core per NUMA node to the front end; on a 2-core machine that
+# halves the engine's compute. Up to this many usable CPUs, the engine's threads get all of them
+# (bench/cpu_threads.py measures both side by side).
+SMALL_MACHINE_CPUS = 4
+PREPARE_POLL_S = 0.02           # how often a commit asks the worker whether its new weights are loaded
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5": the syntax VLLM_CPU_OMP_THREADS_BIND takes."""
+    out, cpus = [], sorted(cpus)
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def prepare_cpu_environment(kv_cache_gb: float) -> None:
     """Environment the engine's child processes inherit on CPU machines.
 
-    Preload the venv's Intel OpenMP (vLLM warns that speculative decoding is much slower without it) and
-    size the KV cache. Spawned children exec a fresh interpreter, so os.environ set here reaches them.
+    Preload the venv's Intel OpenMP (vLLM warns that speculative decoding is much slower without it),
+    size the KV cache, and on small machines (<= SMALL_MACHINE_CPUS usable CPUs) bind the engine's
+    OpenMP threads to all of them. Settings already in the environment win. Spawned children exec a
+    fresh interpreter, so os.environ set here reaches them.
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) <= SMALL_MACHINE_CPUS:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(usable))
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
     preload = os.environ.get("LD_PRELOAD", "")
     if iomp.exists() and "libiomp" not in preload:
@@ -175,6 +200,19 @@ class VllmEngine(Engine):
 
     async def load_weights(self, path: str, target: str) -> None:
         await self.llm.collective_rpc("rollout_load_weights", args=(path, target))
+
+    async def prepare_weights(self, paths: list[str], target: str) -> None:
+        # The worker loads in a thread (worker_ext.rollout_prepare_weights): each RPC here returns at once,
+        # so the engine core keeps stepping between the polls.
+        await self.llm.collective_rpc("rollout_prepare_weights", args=([str(p) for p in paths], target))
+        while all(n is None for n in await self.llm.collective_rpc("rollout_prepared_weights")):
+            await asyncio.sleep(PREPARE_POLL_S)
+
+    async def swap_weights(self, target: str) -> None:
+        await self.llm.collective_rpc("rollout_swap_weights", args=(target,))
+
+    async def discard_weights(self) -> None:
+        await self.llm.collective_rpc("rollout_discard_weights")
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         await self.llm.update_weight_version(str(policy_version))

@@ -8,7 +8,10 @@ Names are prefixed `rollout_` because vLLM forbids extension attributes that cla
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import dataclass, field
 
+from rollout_service.engine import shadow_reload
 from rollout_service.speculation import cpu_fix
 
 log = logging.getLogger(__name__)
@@ -23,39 +26,113 @@ class RolloutWorkerExtension:
         return CPU_SPEC_FIX_INSTALLED
 
     def rollout_load_weights(self, path: str, target: str = "policy") -> int:
-        """Load every tensor of the safetensors file at `path` into the policy or the drafter.
+        """Load every tensor of the safetensors file at `path` into the policy or the drafter, in place.
 
         Uses vLLM's layerwise reload: on CPU the loaded linear weights are repacked into kernel format
         (the original parameters are emptied), so a plain load_weights would not reach the kernels.
+        Generation must be paused throughout. Used for rollback and restarts; commits prepare + swap.
         Returns the number of tensors loaded.
         """
-        from safetensors import safe_open
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.inplace import reload_weights
+        model, model_config = self._rollout_target(target)
+        return _reload(self.vllm_config, model, model_config, [path], target)
 
+    def rollout_prepare_weights(self, paths: list[str], target: str = "policy") -> None:
+        """Start loading `paths` into a shadow of the policy or drafter (engine/shadow_reload.py), in a
+        background thread: this call returns at once and generation goes on meanwhile. Poll with
+        rollout_prepared_weights, then apply with rollout_swap_weights (generation paused) or drop with
+        rollout_discard_weights."""
+        self.rollout_discard_weights()
+        model, model_config = self._rollout_target(target)
+        job = _Prepare(target)
+
+        def run():
+            try:
+                shadow = shadow_reload.make_shadow(model)
+                job.tensors = _reload(self.vllm_config, shadow.root, model_config, paths, target)
+                job.shadow = shadow
+            except BaseException as err:  # reported to the caller by the next poll
+                job.error = f"{type(err).__name__}: {err}"
+                log.exception("preparing %s weights from %s failed", target, paths)
+            finally:
+                job.done.set()
+        self._rollout_pending = job
+        job.thread = threading.Thread(target=run, name="rollout-prepare-weights", daemon=True)
+        job.thread.start()
+
+    def rollout_prepared_weights(self) -> int | None:
+        """None while the preparation runs; then the number of tensors loaded. Raises what it failed with."""
+        job = getattr(self, "_rollout_pending", None)
+        if job is None:
+            raise RuntimeError("no weights are being prepared")
+        if not job.done.is_set():
+            return None
+        if job.error is not None:
+            self._rollout_pending = None
+            raise RuntimeError(f"preparing {job.target} weights failed: {job.error}")
+        return job.tensors
+
+    def rollout_swap_weights(self, target: str = "policy") -> None:
+        """Make the prepared weights the served ones (call with generation paused)."""
+        job = getattr(self, "_rollout_pending", None)
+        if job is None or job.shadow is None or job.target != target:
+            raise RuntimeError(f"no prepared {target} weights to swap in")
+        self._rollout_pending = None
+        shadow_reload.swap(job.shadow)
+
+    def rollout_discard_weights(self) -> None:
+        """Drop prepared weights (waits for a preparation still running)."""
+        job = getattr(self, "_rollout_pending", None)
+        self._rollout_pending = None
+        if job is not None and job.thread is not None:
+            job.thread.join()
+
+    def _rollout_target(self, target: str):
         if target == "policy":
-            model, model_config = self.model_runner.get_model(), self.vllm_config.model_config
-        elif target == "drafter":
-            model = self.model_runner.get_draft_model()
-            model_config = self.vllm_config.speculative_config.draft_model_config
-        else:
-            raise ValueError(f"unknown target {target!r}")
-        with safe_open(path, "pt") as f:
-            names = list(f.keys())
-            tensors = ((n, f.get_tensor(n)) for n in names)
-            with set_current_vllm_config(self.vllm_config):
-                if target == "policy":
-                    reload_weights(self.vllm_config, model, tensors, None, True)
-                    _refresh_tied_head(model, model_config)
-                else:
-                    from vllm.model_executor.model_loader.reload import (
-                        finalize_layerwise_reload, initialize_layerwise_reload)
+            return self.model_runner.get_model(), self.vllm_config.model_config
+        if target == "drafter":
+            return (self.model_runner.get_draft_model(),
+                    self.vllm_config.speculative_config.draft_model_config)
+        raise ValueError(f"unknown target {target!r}")
 
-                    initialize_layerwise_reload(model)
-                    model.load_weights(tensors)
-                    finalize_layerwise_reload(model, model_config)
-                    _refresh_tied_head(model, model_config)
-        return len(names)
+
+@dataclass
+class _Prepare:
+    target: str
+    done: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    shadow: object = None
+    tensors: int = 0
+    error: str | None = None
+
+
+def _tensors(paths: list[str]):
+    from safetensors import safe_open
+
+    for path in paths:
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _reload(vllm_config, model, model_config, paths: list[str], target: str) -> int:
+    """vLLM's layerwise reload of `paths` into `model` (served or shadow). Returns the tensor count."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
+                                                         initialize_layerwise_reload)
+
+    count = 0
+
+    def counted():
+        nonlocal count
+        for item in _tensors(paths):
+            count += 1
+            yield item
+    with set_current_vllm_config(vllm_config):
+        initialize_layerwise_reload(model)
+        model.load_weights(counted())
+        finalize_layerwise_reload(model, model_config)
+        _refresh_tied_head(model, model_config)
+    return count
 
 
 def _refresh_tied_head(model, model_config) -> None:

@@ -94,4 +94,5 @@ def push_result_to_proto(o: PushOutcome) -> pb.PushResult:
     return pb.PushResult(version=o.version, target=TARGET_ENUM[o.target], num_tensors=o.num_tensors,
                          num_bytes=o.num_bytes, partial=o.partial,
                          timings=pb.PushTimings(receive_s=o.receive_s, validate_s=o.validate_s, apply_s=o.apply_s,
-                                                pause_s=o.pause_s, total_s=o.total_s))
+                                                pause_s=o.pause_s, total_s=o.total_s,
+                                                prepare_s=o.prepare_s))

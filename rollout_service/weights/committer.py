@@ -1,8 +1,10 @@
 """Commit staged weights on every engine, or on none.
 
 One push at a time (a lock serializes them). Versions are strictly increasing per target. The commit:
-pause every engine (in-flight mode), load the file into each, label the new versions, resume. If any
-engine fails to load, the engines that already loaded get the previous values back (from the original
+every engine loads the files beside the weights it serves while it keeps generating (prepare; if any
+engine fails, all drop what they prepared and nothing changed), then pause every engine (in-flight mode),
+swap the prepared weights in, label the new versions, resume: the pause lasts only the swap. If any
+engine fails to swap, the engines that already swapped get the previous values back (from the original
 checkpoint plus the overlays of earlier pushes), every engine resumes on the old version, and the push
 fails; an engine that cannot be restored is marked unhealthy, and pool.supervisor restarts it at the
 committed versions (restart_at_committed).
@@ -32,8 +34,9 @@ MODES = ("abort", "wait", "keep")
 class CommitResult:
     version: int
     target: str
-    apply_s: float
-    pause_s: float
+    apply_s: float                  # swapping the prepared weights in, on every engine
+    pause_s: float                  # generation paused (apply plus labelling versions and resuming)
+    prepare_s: float = 0.0          # loading the new weights beside the served ones, while generating
 
 
 class WeightCommitter:
@@ -80,17 +83,21 @@ class WeightCommitter:
             # Engines starting or restarting are left out: restart_at_committed (under this lock) replays
             # every committed push, this one included, before they serve.
             engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
+            t_prepare = time.perf_counter()
+            await self._prepare(engines, files, version, target)       # engines keep generating
+            prepare_s = time.perf_counter() - t_prepare
             await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
             t_apply = time.perf_counter()                              # from here on nothing generates
-            loaded = []
+            swapped = []
             try:
                 for e in engines:
-                    for f in files:
-                        await e.load_weights(str(f), target)
-                    loaded.append(e)
+                    await e.swap_weights(target)
+                    swapped.append(e)
             except Exception as err:  # noqa: BLE001 - any engine failure rolls the whole commit back
-                failed = engines[len(loaded)]
-                await self._roll_back(loaded + [failed], names, target)
+                failed = engines[len(swapped)]
+                await asyncio.gather(*(e.discard_weights() for e in engines[len(swapped) + 1:]),
+                                     return_exceptions=True)
+                await self._roll_back(swapped + [failed], names, target)
                 await asyncio.gather(*(e.resume() for e in engines if e.state is EngineState.PAUSED))
                 raise ServiceError(grpc.StatusCode.INTERNAL,
                                    f"commit of {target} version {version} failed on {failed.id} "
@@ -106,7 +113,21 @@ class WeightCommitter:
             await asyncio.to_thread(self._remember, files, names, target, version, keep_files)
             log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
                      target, version, len(names), len(engines), apply_s, pause_s)
-            return CommitResult(version, target, apply_s, pause_s)
+            return CommitResult(version, target, apply_s, pause_s, prepare_s)
+
+    async def _prepare(self, engines, files: list[Path], version: int, target: str) -> None:
+        """Every engine loads the new weights beside the served ones, or none keeps them."""
+        results = await asyncio.gather(*(e.prepare_weights(files, target) for e in engines),
+                                       return_exceptions=True)
+        failed = [(e, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
+        if not failed:
+            return
+        await asyncio.gather(*(e.discard_weights() for e in engines), return_exceptions=True)
+        engine, err = failed[0]
+        raise ServiceError(grpc.StatusCode.INTERNAL,
+                           f"loading {target} version {version} failed on {engine.id} ({type(err).__name__}: "
+                           f"{err}); nothing was applied, every engine still serves {target} version "
+                           f"{self.versions[target]}") from err
 
     async def restart_at_committed(self, engine) -> None:
         """Bring an unhealthy engine back: restart it from the checkpoints, replay every committed push

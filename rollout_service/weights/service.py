@@ -29,6 +29,7 @@ class PushOutcome:
     apply_s: float
     pause_s: float
     total_s: float
+    prepare_s: float
 
 
 @dataclass
@@ -86,7 +87,8 @@ class WeightService:
         res = await self.committer.commit([staged.path], staged.names, header.version, header.target,
                                           header.mode, keep_files=False)
         return PushOutcome(res.version, header.target, len(staged.names), staged.num_bytes, staged.partial,
-                           staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0)
+                           staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0,
+                           res.prepare_s)
 
     async def load(self, path: str, version: int, target: str, mode: str, partial: bool) -> PushOutcome:
         """LoadWeights: validate the files' headers against the model, then commit them in place."""
@@ -113,5 +115,5 @@ class WeightService:
         validate_s = time.perf_counter() - t_val
         res = await self.committer.commit(files, names, version, target, mode, keep_files=True)
         return PushOutcome(res.version, target, len(names), nbytes, missing, t_val - t0, validate_s,
-                           res.apply_s, res.pause_s, time.perf_counter() - t0)
+                           res.apply_s, res.pause_s, time.perf_counter() - t0, res.prepare_s)
 

@@ -53,7 +53,7 @@ def test_push_commits_on_every_engine_with_exact_values(setup):
         assert out.version == 1 and out.num_tensors == 2 and not out.partial
         for e in pool.engines:
             assert torch.equal(e.weights["a.weight"], new["a.weight"]) and e.policy_version == 1
-            assert [ev[0] for ev in e.events] == ["pause", "load", "resume"]
+            assert [ev[0] for ev in e.events] == ["prepare", "pause", "swap", "resume"]
         assert pool.policy_version == 1
     asyncio.run(main())
 
@@ -85,6 +85,45 @@ def test_engine_failure_rolls_back_every_engine(setup):
             assert eng.policy_version == 1 and eng.state.name == "READY"
         out = await push(svc, {"a.weight": torch.full((4, 3), 3.0)}, 2, partial=True)   # and pushes work again
         assert out.version == 2
+    asyncio.run(main())
+
+
+def test_failed_prepare_changes_nothing_and_never_pauses(setup):
+    """An engine that cannot load the new weights beside the served ones fails the push before any engine
+    pauses: every engine drops what it prepared and keeps serving the old version."""
+    from rollout_service.weights import staging
+
+    async def main():
+        pool, svc = await setup()
+        first = {"a.weight": torch.full((4, 3), 1.0)}
+        await push(svc, first, 1, partial=True)
+        for e in pool.engines:
+            e.events.clear()
+        pool.engines[1].fail_prepare = 1
+        with pytest.raises(ServiceError) as e:
+            await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 2, partial=True)
+        assert e.value.code is grpc.StatusCode.INTERNAL
+        assert "nothing was applied" in e.value.message and "still serves policy version 1" in e.value.message
+        assert not list(staging.staging_root().glob("*.safetensors"))
+        for eng in pool.engines:
+            assert [ev[0] for ev in eng.events] == ["prepare", "discard"]     # never paused
+            assert eng.prepared is None and eng.state.name == "READY" and eng.policy_version == 1
+            assert torch.equal(eng.weights["a.weight"], first["a.weight"])
+        out = await push(svc, {"a.weight": torch.full((4, 3), 3.0)}, 2, partial=True)
+        assert out.version == 2 and torch.equal(pool.engines[1].weights["a.weight"], torch.full((4, 3), 3.0))
+    asyncio.run(main())
+
+
+def test_failed_swap_drops_what_later_engines_prepared(setup):
+    async def main():
+        pool, svc = await setup()
+        pool.engines[0].fail_load = 1           # engine 0 fails its swap; engine 1 never swaps
+        with pytest.raises(ServiceError):
+            await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 1, partial=True)
+        assert pool.engines[1].prepared is None
+        assert [ev[0] for ev in pool.engines[1].events] == ["prepare", "pause", "discard", "resume"]
+        for eng in pool.engines:
+            assert torch.equal(eng.weights.get("a.weight", ORIGINAL["a.weight"]), ORIGINAL["a.weight"])
     asyncio.run(main())
 
 
@@ -159,7 +198,7 @@ def test_concurrent_pushes_serialize_and_stale_ones_fail(setup):
         assert 3 in ok and all(r.code is grpc.StatusCode.FAILED_PRECONDITION for r in bad)
         assert pool.policy_version == 3
         events = [ev[0] for ev in pool.engines[0].events]
-        assert events == ["pause", "load", "resume"] * len(ok)    # never two commits interleaved
+        assert events == ["prepare", "pause", "swap", "resume"] * len(ok)    # never two commits interleaved
     asyncio.run(main())
 
 
@@ -238,25 +277,25 @@ def test_scale_out_starts_at_the_committed_versions_and_scale_in_drops_nothing(s
 
 
 def test_push_cancelled_during_its_commit_still_commits_on_every_engine_or_none(setup, monkeypatch):
-    """The client goes away (the RPC is cancelled) while engine 0 has loaded the new weights and engine 1 is
-    still loading: the commit runs to its end, so no engine stays paused or holds weights under a wrong
+    """The client goes away (the RPC is cancelled) while engine 0 has swapped the new weights in and engine 1
+    is still swapping: the commit runs to its end, so no engine stays paused or holds weights under a wrong
     version label, and the staging file is removed."""
     from rollout_service.weights import staging
 
     async def main():
         pool, svc = await setup()
         slow = pool.engines[1]
-        real_load, loading = slow.load_weights, asyncio.Event()
+        real_swap, loading = slow.swap_weights, asyncio.Event()
 
-        async def slow_load(path, target):
+        async def slow_swap(target):
             loading.set()
             await asyncio.sleep(0.2)
-            await real_load(path, target)
-        slow.load_weights = slow_load
+            await real_swap(target)
+        slow.swap_weights = slow_swap
         new = {"a.weight": torch.full((4, 3), 7.0)}
         task = asyncio.ensure_future(push(svc, new, 1, partial=True))
         await loading.wait()
-        assert [ev[0] for ev in pool.engines[0].events] == ["pause", "load"]
+        assert [ev[0] for ev in pool.engines[0].events] == ["prepare", "pause", "swap"]
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -192,18 +192,20 @@ class LoadWeightsRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., path: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class PushTimings(_message.Message):
-    __slots__ = ("receive_s", "validate_s", "apply_s", "pause_s", "total_s")
+    __slots__ = ("receive_s", "validate_s", "apply_s", "pause_s", "total_s", "prepare_s")
     RECEIVE_S_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_S_FIELD_NUMBER: _ClassVar[int]
     APPLY_S_FIELD_NUMBER: _ClassVar[int]
     PAUSE_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_S_FIELD_NUMBER: _ClassVar[int]
     receive_s: float
     validate_s: float
     apply_s: float
     pause_s: float
     total_s: float
-    def __init__(self, receive_s: _Optional[float] = ..., validate_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+    prepare_s: float
+    def __init__(self, receive_s: _Optional[float] = ..., validate_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., total_s: _Optional[float] = ..., prepare_s: _Optional[float] = ...) -> None: ...
 
 class PushResult(_message.Message):
     __slots__ = ("version", "target", "num_tensors", "num_bytes", "partial", "timings")

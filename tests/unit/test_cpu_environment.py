@@ -1,0 +1,42 @@
+"""The environment vLLM's CPU engine processes inherit (engine/vllm_engine.prepare_cpu_environment)."""
+import os
+
+import pytest
+
+from rollout_service.engine import vllm_engine
+from rollout_service.engine.vllm_engine import cpu_list, prepare_cpu_environment
+
+
+@pytest.mark.parametrize("cpus, text", [([0], "0"), ([0, 1], "0-1"), ([3, 0, 1, 2, 5], "0-3,5"),
+                                        ([0, 2, 4], "0,2,4"), ([1, 2, 7, 8, 9], "1-2,7-9")])
+def test_cpu_list_syntax(cpus, text):
+    assert cpu_list(cpus) == text
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LD_PRELOAD", os.environ.get("LD_PRELOAD", ""))   # restored after the test
+    return monkeypatch
+
+
+def test_small_machine_binds_every_usable_cpu(clean_env):
+    clean_env.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    prepare_cpu_environment(2)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_large_machine_keeps_vllms_auto_binding(clean_env):
+    many = set(range(vllm_engine.SMALL_MACHINE_CPUS + 1))
+    clean_env.setattr(os, "sched_getaffinity", lambda pid: many)
+    prepare_cpu_environment(2)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+
+
+def test_explicit_binding_wins(clean_env):
+    clean_env.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    clean_env.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    prepare_cpu_environment(2)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
