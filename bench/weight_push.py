@@ -1,13 +1,14 @@
 """Weight pushes into a running service over loopback, side by side in one run:
 
-    .venv/bin/python bench/weight_push.py [--model DIR] [--repeats 3]
+    .venv/bin/python bench/weight_push.py [--model DIR] [--repeats 3] [--reloads shadow,in_place]
 
+For each commit path (engine.weight_reload: "shadow" prepares the new weights beside the served ones while
+generating and pauses only to swap them in; "in_place" loads them while paused), a service of its own:
 - PushWeights of the whole model (bf16, as a trainer would send it), service idle: end-to-end GB/s and
-  the server's phase timings (receive, validate, apply, pause);
-- PushWeights in keep mode while a batch of generation is in flight: the pause window (the engines load the
-  new weights beside the served ones while generating, "prepare", then pause only to swap them in);
+  the server's phase timings (receive, validate, prepare, apply, pause);
+- PushWeights in keep mode while a batch of generation is in flight: the pause window;
 - LoadWeights of the same tensors from a safetensors file on local disk;
-- this machine's memcpy bandwidth (a torch copy of the same byte count), as the ceiling.
+and this machine's memcpy bandwidth (a torch copy of the same byte count), as the ceiling.
 """
 from __future__ import annotations
 
@@ -34,55 +35,37 @@ def memcpy_gbps(nbytes: int) -> float:
     return nbytes / best / 1e9
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model")
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-
-    import torch
+def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
 
     from rollout_client import RolloutClient
-    from rollout_service.cli import resolve_model
     from rollout_service.launcher import ServiceProcess
 
-    model_dir = resolve_model(args.model)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}
-    with ServiceProcess(model_dir, log_path="bench/results/weight_push.log") as svc, \
-            RolloutClient(svc.target) as client:
+    print(f"\n== engine.weight_reload = {reload}", flush=True)
+    with ServiceProcess(model_dir, log_path=f"bench/results/weight_push-{reload}.log",
+                        extra_args=["--weight-reload", reload]) as svc, RolloutClient(svc.target) as client:
         version = client.status().policy_version
         rows = []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             version += 1
             t = time.perf_counter()
             r = client.push_weights(model, version, mode="wait")
-            wall = time.perf_counter() - t
-            rows.append((wall, r))
+            rows.append((time.perf_counter() - t, r))
         nbytes = rows[0][1].num_bytes
-        print(f"model {model_dir}: {rows[0][1].num_tensors} tensors, {nbytes / 1e6:.1f} MB (bf16; tied lm_head sent once)")
-        print(f"memcpy of {nbytes / 1e6:.0f} MB on this machine: {memcpy_gbps(nbytes):.2f} GB/s")
-        walls = [w for w, _ in rows]
-        med = statistics.median(walls)
-        print(f"PushWeights (idle, wait mode), {args.repeats} runs: end-to-end {nbytes / med / 1e9:.2f} GB/s "
+        med = statistics.median(w for w, _ in rows)
+        print(f"PushWeights (idle, wait mode), {repeats} runs: end-to-end {nbytes / med / 1e9:.2f} GB/s "
               f"(median {med:.2f} s until the new version serves)")
         for w, r in rows:
             print(f"  wall {w:.2f} s | receive {r.receive_s:.2f} validate {r.validate_s:.2f} "
                   f"prepare {r.prepare_s:.2f} apply {r.apply_s:.3f} pause {r.pause_s:.3f} total {r.total_s:.2f} s")
 
-        # keep mode with generation in flight
         prompts = [[1, 9690, 198, 2683, 359, 100 + i] for i in range(16)]
         pauses = []
-        for _ in range(args.repeats):
-            done = threading.Event()
+        for _ in range(repeats):
             out = {}
 
             def gen():
                 out["n"] = len(list(client.generate(prompts, n=4, max_tokens=128, ignore_eos=True, temperature=1.0)))
-                done.set()
             th = threading.Thread(target=gen)
             th.start()
             time.sleep(3.0)
@@ -92,12 +75,13 @@ def main() -> None:
             pauses.append(r.pause_s)
             print(f"  keep mode with 64 sequences in flight: pause {r.pause_s:.3f} s (apply {r.apply_s:.3f} s; "
                   f"prepared while generating: {r.prepare_s:.2f} s), {out['n']} samples finished")
-        print(f"PushWeights keep mode: median pause window {statistics.median(pauses):.3f} s (goal < 0.5 s)")
+        pause = statistics.median(pauses)
+        print(f"PushWeights keep mode: median pause window {pause:.3f} s (goal < 0.5 s)")
 
         with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as d:
             save_file(state, os.path.join(d, "model.safetensors"))
             lw = []
-            for _ in range(args.repeats):
+            for _ in range(repeats):
                 version += 1
                 t = time.perf_counter()
                 r = client.load_weights(d, version)
@@ -105,7 +89,38 @@ def main() -> None:
             med_l = statistics.median(lw)
             print(f"LoadWeights from local disk: {r.num_bytes / med_l / 1e9:.2f} GB/s (median {med_l:.2f} s; "
                   f"prepare {r.prepare_s:.2f} s, apply {r.apply_s:.3f} s, pause {r.pause_s:.3f} s)")
-        print(f"ratio PushWeights / LoadWeights wall time: {med / med_l:.2f}")
+        return dict(nbytes=nbytes, push_s=med, push_gbps=nbytes / med / 1e9, keep_pause=pause, load_s=med_l,
+                    load_gbps=nbytes / med_l / 1e9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--reloads", default="shadow,in_place")
+    args = ap.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.cli import resolve_model
+
+    model_dir = resolve_model(args.model)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    print(f"model {model_dir}: {len(state)} tensors, {nbytes / 1e6:.1f} MB (bf16; tied lm_head sent once)")
+    print(f"memcpy of {nbytes / 1e6:.0f} MB on this machine: {memcpy_gbps(nbytes):.2f} GB/s")
+    results = {r: run(model_dir, model, state, r, args.repeats) for r in args.reloads.split(",")}
+
+    print("\nweight_reload  push GB/s  push s  keep-mode pause s  LoadWeights GB/s")
+    for r, x in results.items():
+        print(f"{r:<13} {x['push_gbps']:>10.2f} {x['push_s']:>7.2f} {x['keep_pause']:>18.3f} {x['load_gbps']:>17.2f}")
+    if {"shadow", "in_place"} <= results.keys():
+        s, i = results["shadow"], results["in_place"]
+        print(f"shadow / in_place: keep-mode pause {s['keep_pause'] / i['keep_pause']:.3f}, "
+              f"push time {s['push_s'] / i['push_s']:.2f}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ def _serve_args(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, help="sequences each engine batches at once (default 64)")
     p.add_argument("--kv-cache-gb", type=float, help="KV cache per engine in GiB on CPU (default 2)")
     p.add_argument("--dtype", help="auto, bfloat16, float16 or float32")
+    p.add_argument("--weight-reload", choices=("shadow", "in_place"),
+                   help="commits: prepare beside the served weights and pause only to swap (shadow, default), "
+                        "or load while paused (in_place: no second copy of the weights in memory)")
     p.add_argument("--speculation", choices=["none", "draft_model", "eagle3", "ngram", "mtp"],
                    help="speculative decoding method (default none)")
     p.add_argument("--draft-model", help="drafter directory for draft_model / eagle3")
@@ -112,7 +115,8 @@ def cmd_serve(args) -> int:
                           max_streams_per_client=args.max_streams_per_client,
                           **{"engine.model": args.model, "engine.max_model_len": args.max_model_len,
                              "engine.max_num_seqs": args.max_num_seqs, "engine.kv_cache_gb": args.kv_cache_gb,
-                             "engine.dtype": args.dtype, "engine.speculation.method": args.speculation,
+                             "engine.dtype": args.dtype, "engine.weight_reload": args.weight_reload,
+                             "engine.speculation.method": args.speculation,
                              "engine.speculation.model": args.draft_model,
                              "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
                              "engine.speculation.draft_sampling": args.draft_sampling,
@@ -152,6 +156,9 @@ def cmd_verify_lossless(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rollout_service.launcher import die_with_parent
+
+    die_with_parent()                # started by launcher.ServiceProcess: end with the process that started it
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

@@ -28,6 +28,9 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
                                       # it (-1: unknown; ngram counts as 0); drives the break-even warning
 
 
+WEIGHT_RELOADS = ("shadow", "in_place")
+
+
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How each vLLM engine is built."""
 
@@ -40,6 +43,9 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     enforce_eager: bool = True
     seed: int = 0
     tensor_parallel_size: int = 1     # GPUs per engine (GPU nodes)
+    # How commits load weights: "shadow" prepares them beside the served ones while generating and pauses
+    # only to swap (needs memory for a second copy of the weights); "in_place" loads them while paused.
+    weight_reload: str = "shadow"
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
 
@@ -137,6 +143,8 @@ def _check(cfg: ServerConfig) -> None:
         (cfg.max_new_tokens >= 0, "max_new_tokens must be >= 0 (0: up to the context length)"),
         (cfg.max_streams_per_client >= 1, "max_streams_per_client must be >= 1"),
         (cfg.engine.tensor_parallel_size >= 1, "engine.tensor_parallel_size must be >= 1"),
+        (cfg.engine.weight_reload in WEIGHT_RELOADS,
+         f"engine.weight_reload must be one of {', '.join(WEIGHT_RELOADS)}"),
         (cfg.ray.cpus_per_engine > 0 and cfg.ray.gpus_per_engine >= 0,
          "ray.cpus_per_engine must be > 0 and ray.gpus_per_engine >= 0"),
     ]

@@ -12,24 +12,27 @@ import urllib.request
 from pathlib import Path
 
 
-def _load_prctl():
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+PARENT_ENV = "ROLLOUT_SERVICE_PARENT_PID"
 
 
-_PRCTL = _load_prctl() if sys.platform == "linux" else None     # resolved before any fork
+def die_with_parent() -> None:
+    """Called first thing in a service started by ServiceProcess: SIGTERM this process when the parent that
+    started it dies (Linux PR_SET_PDEATHSIG), so a trainer or test killed with SIGKILL never leaves a service
+    and its engines running. If the parent is already gone, exit. The signal follows the thread that started
+    the child, so start services from a long-lived thread (the main one).
 
+    The child arms this itself rather than in a preexec_fn: a preexec_fn makes subprocess fork() and run the
+    parent's Python at-fork hooks in the child, and gRPC's (the parent is a trainer or a test with live gRPC
+    channels) sometimes aborted the child before it reached exec (SIGABRT, "epoll_wait error: Bad file
+    descriptor")."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None or sys.platform != "linux":
+        return
+    import ctypes
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the parent dies (Linux PR_SET_PDEATHSIG), so a trainer or
-    test killed with SIGKILL never leaves a service and its engines running. The signal follows the thread
-    that started the child, so start services from a long-lived thread (the main one). Only a C call runs
-    here (no imports, no locks), as a preexec_fn in a threaded parent must."""
-    _PRCTL(1, signal.SIGTERM)                                   # PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG = 1
+    if os.getppid() != int(parent):                                   # died before the line above
+        raise SystemExit(f"rollout-service: the process that started it ({parent}) is gone")
 
 
 def free_port() -> int:
@@ -68,8 +71,8 @@ class ServiceProcess:
         cmd = [sys.executable, "-m", "rollout_service.cli", "serve", "--model", self.model,
                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *self.extra_args]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                     preexec_fn=_die_with_parent if _PRCTL else None)  # noqa: PLW1509
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                     env={**self.env, PARENT_ENV: str(os.getpid())})
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -36,7 +36,7 @@ def _bytes_of(t, dtype):
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     t = t.to("cpu").contiguous()
-    return t, memoryview(t.view(torch.uint8).reshape(-1).numpy())
+    return t, memoryview(t.reshape(-1).view(torch.uint8).numpy())   # reshape first: 0-dim tensors too
 
 
 def push_stream(weights, version: int, *, target: int, mode: str = "wait", partial: bool = False,

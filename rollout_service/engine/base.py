@@ -60,9 +60,11 @@ class Engine(abc.ABC):
         paused). Rollbacks and restarts use it; commits use prepare_weights + swap_weights."""
 
     @abc.abstractmethod
-    async def prepare_weights(self, paths: list[str], target: str) -> None:
+    async def prepare_weights(self, paths: list[str], target: str) -> bool:
         """Load the tensors of safetensors files beside the served "policy" or "drafter" weights, while
-        the engine keeps generating. Nothing served changes; raises if they cannot be loaded."""
+        the engine keeps generating. Nothing served changes; raises if they cannot be loaded. False: this
+        engine loads in place instead (engine.weight_reload = "in_place"), so the commit calls load_weights
+        while paused."""
 
     @abc.abstractmethod
     async def swap_weights(self, target: str) -> None:

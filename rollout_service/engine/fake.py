@@ -28,6 +28,7 @@ class FakeEngine(Engine):
         self.fail_load = 0                # fail the next N load_weights / swap_weights calls
         self.fail_prepare = 0             # fail the next N prepare_weights calls
         self.prepared = None              # (target, tensors) from prepare_weights
+        self.in_place = False             # engine.weight_reload = "in_place": prepare_weights declines
         self.dead = False                 # kill(): the engine's "process" is gone
         self.starts = 0
         self.fail_starts = 0              # fail the next N start calls
@@ -103,8 +104,10 @@ class FakeEngine(Engine):
             for name in f.keys():
                 self.weights[name] = f.get_tensor(name)
 
-    async def prepare_weights(self, paths: list[str], target: str) -> None:
+    async def prepare_weights(self, paths: list[str], target: str) -> bool:
         self.events.append(("prepare", target))
+        if self.in_place:
+            return False
         if self.fail_prepare:
             self.fail_prepare -= 1
             raise RuntimeError("injected prepare failure")
@@ -115,6 +118,7 @@ class FakeEngine(Engine):
             with safe_open(path, "pt") as f:
                 for name in f.keys():
                     self.prepared[1][name] = f.get_tensor(name)
+        return True
 
     async def swap_weights(self, target: str) -> None:
         self.events.append(("swap", target))

@@ -70,10 +70,12 @@ class EngineActor:
         finally:
             _remove(names)
 
-    async def prepare_weights(self, refs: list, target: str) -> None:
+    async def prepare_weights(self, refs: list, target: str) -> bool:
+        if self.engine.cfg.weight_reload == "in_place":
+            return False
         names = _local_files(await asyncio.gather(*refs))   # refs inside a list are not resolved by Ray
         try:
-            await self.engine.prepare_weights(names, target)
+            return await self.engine.prepare_weights(names, target)
         finally:                                       # the prepared weights are copies: the files can go
             _remove(names)
 
@@ -208,8 +210,10 @@ class RayEngine(Engine):
     async def load_weights(self, path: str, target: str) -> None:
         await self.actor.load_weights.remote(_SharedFile.get([path])[0], target)
 
-    async def prepare_weights(self, paths: list[str], target: str) -> None:
-        await self.actor.prepare_weights.remote(_SharedFile.get([str(p) for p in paths]), target)
+    async def prepare_weights(self, paths: list[str], target: str) -> bool:
+        if self.cfg.weight_reload == "in_place":
+            return False
+        return await self.actor.prepare_weights.remote(_SharedFile.get([str(p) for p in paths]), target)
 
     async def swap_weights(self, target: str) -> None:
         await self.actor.swap_weights.remote(target)

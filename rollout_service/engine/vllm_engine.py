@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from rollout_service.config import EngineConfig
@@ -18,7 +20,7 @@ log = logging.getLogger(__name__)
 # halves the engine's compute. Up to this many usable CPUs, the engine's threads get all of them
 # (bench/cpu_threads.py measures both side by side).
 SMALL_MACHINE_CPUS = 4
-PREPARE_POLL_S = 0.02           # how often a commit asks the worker whether its new weights are loaded
+PREPARE_POLL_S = 0.01           # how often a commit looks whether the worker has prepared the new weights
 
 
 def cpu_list(cpus: list[int]) -> str:
@@ -201,12 +203,26 @@ class VllmEngine(Engine):
     async def load_weights(self, path: str, target: str) -> None:
         await self.llm.collective_rpc("rollout_load_weights", args=(path, target))
 
-    async def prepare_weights(self, paths: list[str], target: str) -> None:
-        # The worker loads in a thread (worker_ext.rollout_prepare_weights): each RPC here returns at once,
-        # so the engine core keeps stepping between the polls.
-        await self.llm.collective_rpc("rollout_prepare_weights", args=([str(p) for p in paths], target))
-        while all(n is None for n in await self.llm.collective_rpc("rollout_prepared_weights")):
-            await asyncio.sleep(PREPARE_POLL_S)
+    async def prepare_weights(self, paths: list[str], target: str) -> bool:
+        if self.cfg.weight_reload == "in_place":
+            return False
+        # The worker loads in a thread (worker_ext.rollout_prepare_weights) and the RPC returns at once, so
+        # the engine core keeps stepping; the thread reports through a file in this process's staging folder.
+        from rollout_service.weights.staging import staging_root
+
+        done = staging_root() / f"prepared-{self.id}-{time.monotonic_ns()}.json"
+        await self.llm.collective_rpc("rollout_prepare_weights", args=([str(p) for p in paths], target, str(done)))
+        try:
+            while not done.exists():
+                if self.llm.errored:
+                    raise RuntimeError(f"{self.id}: {self.death_reason()} while preparing {target} weights")
+                await asyncio.sleep(PREPARE_POLL_S)
+            result = json.loads(done.read_text())
+        finally:
+            done.unlink(missing_ok=True)
+        if "error" in result:
+            raise RuntimeError(f"preparing {target} weights failed in the worker: {result['error']}")
+        return True
 
     async def swap_weights(self, target: str) -> None:
         await self.llm.collective_rpc("rollout_swap_weights", args=(target,))

@@ -7,7 +7,9 @@ Names are prefixed `rollout_` because vLLM forbids extension attributes that cla
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -36,40 +38,34 @@ class RolloutWorkerExtension:
         model, model_config = self._rollout_target(target)
         return _reload(self.vllm_config, model, model_config, [path], target)
 
-    def rollout_prepare_weights(self, paths: list[str], target: str = "policy") -> None:
-        """Start loading `paths` into a shadow of the policy or drafter (engine/shadow_reload.py), in a
-        background thread: this call returns at once and generation goes on meanwhile. Poll with
-        rollout_prepared_weights, then apply with rollout_swap_weights (generation paused) or drop with
-        rollout_discard_weights."""
+    def rollout_prepare_weights(self, paths: list[str], target: str, done_path: str) -> None:
+        """Start loading `paths` into a shadow of the policy or drafter (engine/shadow_reload.py) in a
+        background thread: this call returns at once and generation goes on meanwhile. When the thread
+        ends it writes `done_path` (JSON: {"tensors": n} or {"error": "..."}); the front end watches for
+        that file rather than polling with RPCs, which would keep this worker's message loop spinning on
+        the cores the preparation needs. Then rollout_swap_weights (generation paused) applies the
+        prepared weights, or rollout_discard_weights drops them."""
         self.rollout_discard_weights()
         model, model_config = self._rollout_target(target)
         job = _Prepare(target)
 
         def run():
+            result: dict = {}
             try:
                 shadow = shadow_reload.make_shadow(model)
-                job.tensors = _reload(self.vllm_config, shadow.root, model_config, paths, target)
+                result["tensors"] = _reload(self.vllm_config, shadow.root, model_config, paths, target)
                 job.shadow = shadow
-            except BaseException as err:  # reported to the caller by the next poll
-                job.error = f"{type(err).__name__}: {err}"
+            except BaseException as err:  # reported to the front end through done_path
+                result["error"] = f"{type(err).__name__}: {err}"
                 log.exception("preparing %s weights from %s failed", target, paths)
             finally:
-                job.done.set()
+                tmp = f"{done_path}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(result, f)
+                os.replace(tmp, done_path)
         self._rollout_pending = job
         job.thread = threading.Thread(target=run, name="rollout-prepare-weights", daemon=True)
         job.thread.start()
-
-    def rollout_prepared_weights(self) -> int | None:
-        """None while the preparation runs; then the number of tensors loaded. Raises what it failed with."""
-        job = getattr(self, "_rollout_pending", None)
-        if job is None:
-            raise RuntimeError("no weights are being prepared")
-        if not job.done.is_set():
-            return None
-        if job.error is not None:
-            self._rollout_pending = None
-            raise RuntimeError(f"preparing {job.target} weights failed: {job.error}")
-        return job.tensors
 
     def rollout_swap_weights(self, target: str = "policy") -> None:
         """Make the prepared weights the served ones (call with generation paused)."""
@@ -101,8 +97,6 @@ class _Prepare:
     done: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     shadow: object = None
-    tensors: int = 0
-    error: str | None = None
 
 
 def _tensors(paths: list[str]):

@@ -84,14 +84,18 @@ class WeightCommitter:
             # every committed push, this one included, before they serve.
             engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
             t_prepare = time.perf_counter()
-            await self._prepare(engines, files, version, target)       # engines keep generating
-            prepare_s = time.perf_counter() - t_prepare
+            prepared = await self._prepare(engines, files, version, target)   # engines keep generating
+            prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
             await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
             t_apply = time.perf_counter()                              # from here on nothing generates
             swapped = []
             try:
-                for e in engines:
-                    await e.swap_weights(target)
+                for e, ready in zip(engines, prepared):
+                    if ready:
+                        await e.swap_weights(target)
+                    else:                                              # engine.weight_reload = "in_place"
+                        for f in files:
+                            await e.load_weights(str(f), target)
                     swapped.append(e)
             except Exception as err:  # noqa: BLE001 - any engine failure rolls the whole commit back
                 failed = engines[len(swapped)]
@@ -115,13 +119,14 @@ class WeightCommitter:
                      target, version, len(names), len(engines), apply_s, pause_s)
             return CommitResult(version, target, apply_s, pause_s, prepare_s)
 
-    async def _prepare(self, engines, files: list[Path], version: int, target: str) -> None:
-        """Every engine loads the new weights beside the served ones, or none keeps them."""
+    async def _prepare(self, engines, files: list[Path], version: int, target: str) -> list[bool]:
+        """Every engine loads the new weights beside the served ones, or none keeps them. Per engine: True
+        if it prepared, False if it loads in place once paused."""
         results = await asyncio.gather(*(e.prepare_weights(files, target) for e in engines),
                                        return_exceptions=True)
         failed = [(e, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
         if not failed:
-            return
+            return results
         await asyncio.gather(*(e.discard_weights() for e in engines), return_exceptions=True)
         engine, err = failed[0]
         raise ServiceError(grpc.StatusCode.INTERNAL,

@@ -78,9 +78,20 @@ class WeightService:
         self._check_header(header)
         stager = Stager(self.manifests[header.target], header.total_bytes, header.sha256, header.partial)
         # Hashing, copying and writing the staging file run in a thread (hashlib and the copies release the
-        # GIL), so Generate streams keep flowing on the event loop while a large push arrives.
-        async for c in chunks:
-            await asyncio.to_thread(stager.add, c.name, c.dtype, c.shape, c.offset, c.data)
+        # GIL), so Generate streams keep flowing on the event loop while a large push arrives. Pipelined: the
+        # next chunk is received while the thread checks, hashes and copies the previous one (in order).
+        adding: asyncio.Future | None = None
+        try:
+            async for c in chunks:
+                if adding is not None:
+                    await adding
+                adding = asyncio.ensure_future(
+                    asyncio.to_thread(stager.add, c.name, c.dtype, c.shape, c.offset, c.data))
+            if adding is not None:
+                await adding
+        finally:
+            if adding is not None:       # stream cut or cancelled: let the thread finish, retrieve its error
+                await asyncio.gather(adding, return_exceptions=True)
         staged = await run_to_end(asyncio.to_thread(stager.finish, staging_root()), "staging write",
                                   orphaned=lambda st: st.discard())
         # The committer owns the staged file from here: it keeps it on success and deletes it otherwise.

@@ -7,7 +7,9 @@ sha256 over all chunk data in stream order. Only then is a safetensors file writ
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import struct
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from rollout_service.errors import invalid
 from rollout_service.weights.manifest import Manifest
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+SAFETENSORS_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
 def staging_root() -> Path:
@@ -90,9 +93,6 @@ class Stager:
 
     def finish(self, out_dir: Path) -> StagedWeights:
         """Check completeness and checksum; write the safetensors file the engines load."""
-        import torch
-        from safetensors.torch import save_file
-
         receive_s = time.perf_counter() - self._started
         t = time.perf_counter()
         if self._bytes != self.total_bytes:
@@ -106,12 +106,28 @@ class Stager:
             raise invalid(f"tensor {short[0]!r} is incomplete ({self._buffers[short[0]].received} of "
                           f"{self._buffers[short[0]].data.size} bytes; {len(short)} incomplete in total)")
         partial = self.manifest.check_complete(self._buffers, self.partial)
-        tensors = {n: torch.from_numpy(b.data).view(getattr(torch, b.dtype)).reshape(b.shape)
-                   for n, b in self._buffers.items()}
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(suffix=".safetensors", dir=out_dir)
         os.close(fd)
-        save_file(tensors, name)
+        write_safetensors(Path(name), self._buffers)
         validate_s = self._validate_s + time.perf_counter() - t
-        return StagedWeights(Path(name), list(tensors), self._bytes, partial, receive_s - self._validate_s,
+        return StagedWeights(Path(name), list(self._buffers), self._bytes, partial, receive_s - self._validate_s,
                              validate_s)
+
+
+def write_safetensors(path: Path, buffers: dict[str, _Buffer]) -> None:
+    """The received buffers as one safetensors file, written straight from them (save_file would first copy
+    every tensor into a bytes object). Format: little-endian u64 header size, JSON header padded with spaces
+    to 8 bytes, then the tensors' bytes in header order."""
+    header, offset = {}, 0
+    for name, b in buffers.items():
+        header[name] = {"dtype": SAFETENSORS_DTYPE[b.dtype], "shape": list(b.shape),
+                        "data_offsets": [offset, offset + b.data.size]}
+        offset += b.data.size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for b in buffers.values():
+            f.write(b.data)

@@ -1,6 +1,7 @@
 """Faults survived, on real vLLM over real sockets: an engine process killed mid-stream, a client that
 does not read its stream, SIGTERM during a weight push. The kill and SIGTERM tests run their own service
-(in this order: the last one ends it)."""
+(in this order: the last one ends it), with engine.weight_reload = in_place, so real vLLM covers that commit
+path too (the shared service prepares beside the served weights: test_weights.py)."""
 import os
 import signal
 import threading
@@ -10,13 +11,16 @@ import grpc
 import numpy as np
 import psutil
 import pytest
+import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from rollout_client import RolloutClient
 from rollout_client.weights import push_stream
 from rollout_service.api import pb
 from rollout_service.launcher import ServiceProcess
 from rollout_service.models import perturbed_copy
+from rollout_service.speculation.reference import processed_logprobs
 from tests.integration.conftest import SERVICE_ARGS, wait_for
 
 PROMPT = [[1, 504, 3458, 314, 260]]
@@ -36,17 +40,24 @@ def engine_cores(pid: int) -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def own(tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("faults") / "service.log"
-    svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS, log_path=log).start()
+    svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS + ["--weight-reload", "in_place"],
+                         log_path=log).start()
     yield svc, log
     svc.stop()
 
 
 def test_killed_engine_is_restarted_at_the_committed_version(own, tiny_model, tmp_path):
     svc, log = own
-    pushed = load_file(str(perturbed_copy(tiny_model, tmp_path / "v1", scale=0.05, seed=3) / "model.safetensors"))
+    v1 = perturbed_copy(tiny_model, tmp_path / "v1", scale=0.05, seed=3)
+    pushed = load_file(str(v1 / "model.safetensors"))
     with RolloutClient(svc.target) as c:
-        assert c.push_weights(pushed, 1).version == 1
-        before = c.generate_all(PROMPT, n=2, max_tokens=12, seed=7)[0]
+        res = c.push_weights(pushed, 1)
+        assert res.version == 1 and res.prepare_s == 0 and res.apply_s > 0     # loaded in place, paused
+        before = c.generate_all(PROMPT, n=2, max_tokens=12, seed=7, temperature=1.0)[0]
+        reference = AutoModelForCausalLM.from_pretrained(v1, dtype=torch.float32).eval()
+        for s in before:                                 # the in-place load serves the pushed weights
+            ref = processed_logprobs(reference, PROMPT[0], s.token_ids.tolist(), 1.0, 0, 1.0)
+            np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=2e-3, rtol=0)
         [core] = engine_cores(svc.proc.pid)
         errors = []
 
@@ -72,7 +83,7 @@ def test_killed_engine_is_restarted_at_the_committed_version(own, tiny_model, tm
         assert st.queue_depth == 0
         [new_core] = engine_cores(svc.proc.pid)
         assert new_core.pid != core.pid
-        after = c.generate_all(PROMPT, n=2, max_tokens=12, seed=7)[0]
+        after = c.generate_all(PROMPT, n=2, max_tokens=12, seed=7, temperature=1.0)[0]
         for a, b in zip(before, after):                  # same seed, same committed weights: same samples
             assert list(a.token_ids) == list(b.token_ids) and a.policy_version == b.policy_version == 1
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)

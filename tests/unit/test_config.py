@@ -24,6 +24,7 @@ def test_file_then_overrides(tmp_path):
     ("engines = 'two'\n", "engines"),
     ("engines = 0\n", "engines"),
     ("[engine]\ndtype = 'int8'\n", "engine.dtype"),
+    ("[engine]\nweight_reload = 'double'\n", "engine.weight_reload"),
 ])
 def test_bad_config_file_names_the_field(tmp_path, text, needle):
     f = tmp_path / "c.toml"

@@ -114,6 +114,29 @@ def test_failed_prepare_changes_nothing_and_never_pauses(setup):
     asyncio.run(main())
 
 
+def test_in_place_engines_load_while_paused(setup):
+    """engine.weight_reload = "in_place": no second copy of the weights; the commit loads during the pause."""
+    async def main():
+        pool, svc = await setup()
+        pool.engines[0].in_place = True          # a pool may mix both: each engine says what it did
+        new = {"a.weight": torch.full((4, 3), 4.0)}
+        await push(svc, new, 1, partial=True)
+        assert [ev[0] for ev in pool.engines[0].events] == ["prepare", "pause", "load", "resume"]
+        assert [ev[0] for ev in pool.engines[1].events] == ["prepare", "pause", "swap", "resume"]
+        for e in pool.engines:
+            assert torch.equal(e.weights["a.weight"], new["a.weight"]) and e.policy_version == 1
+        pool.engines[0].fail_load = 1            # an in-place failure rolls back like a swap failure
+        with pytest.raises(ServiceError, match="still serves policy version 1"):
+            await push(svc, {"a.weight": torch.full((4, 3), 8.0)}, 2, partial=True)
+        for e in pool.engines:
+            assert torch.equal(e.weights["a.weight"], new["a.weight"]) and e.state.name == "READY"
+        pool.engines[1].in_place = True          # nothing prepared: the reply says so
+        out = await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 3, partial=True)
+        assert out.version == 3 and out.prepare_s == 0
+        assert all(torch.equal(e.weights["a.weight"], torch.full((4, 3), 9.0)) for e in pool.engines)
+    asyncio.run(main())
+
+
 def test_failed_swap_drops_what_later_engines_prepared(setup):
     async def main():
         pool, svc = await setup()
@@ -307,3 +330,23 @@ def test_push_cancelled_during_its_commit_still_commits_on_every_engine_or_none(
         assert pool.policy_version == 1
         assert not list(staging.staging_root().glob("*.safetensors"))
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_staging_file_is_the_safetensors_format(tmp_path, dtype):
+    """The staging writer's file reads back through safetensors itself, byte for byte, odd shapes included."""
+    from safetensors import safe_open
+
+    from rollout_service.weights.staging import _Buffer, write_safetensors
+
+    tensors = {"a": torch.randn(3, 5).to(dtype), "scalar": torch.tensor(2.5, dtype=dtype),
+               "empty": torch.zeros(0, 4, dtype=dtype), "odd": torch.randn(7).to(dtype)}
+    buffers = {n: _Buffer(str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                          t.contiguous().reshape(-1).view(torch.uint8).numpy().copy())
+               for n, t in tensors.items()}
+    write_safetensors(tmp_path / "w.safetensors", buffers)
+    with safe_open(str(tmp_path / "w.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == sorted(tensors)
+        for n, t in tensors.items():
+            got = f.get_tensor(n)
+            assert got.dtype == dtype and got.shape == t.shape and torch.equal(got, t)

@@ -1,0 +1,39 @@
+"""launcher.die_with_parent: a service started by ServiceProcess ends when the process that started it is
+SIGKILLed (no orphaned service holding engines), and refuses to start when that process is already gone."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from rollout_service.launcher import PARENT_ENV
+
+CHILD = "from rollout_service.launcher import die_with_parent; die_with_parent(); import time; time.sleep(120)"
+
+
+def test_child_gets_sigterm_when_its_parent_is_killed():
+    parent_code = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", {CHILD!r}], env={{**os.environ, {PARENT_ENV!r}: str(os.getpid())}})
+        print(child.pid, flush=True)
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    time.sleep(2.0)                                  # the child armed PR_SET_PDEATHSIG (imports take ~1 s)
+    assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "child outlived its parent"
+
+
+def test_child_whose_parent_is_already_gone_exits():
+    env = {**os.environ, PARENT_ENV: "1" if os.getppid() != 1 else "999999"}    # not our parent
+    r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "is gone" in r.stderr
