@@ -7,6 +7,7 @@ Names are prefixed `rollout_` because vLLM forbids extension attributes that cla
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -51,11 +52,17 @@ class RolloutWorkerExtension:
 
         def run():
             result: dict = {}
+            shadow = None
             try:
+                # The previous commit's shadow (released at its swap) sits in reference cycles that only the
+                # cyclic collector frees; free it now, before this commit allocates a new one, not while paused.
+                gc.collect()
                 shadow = shadow_reload.make_shadow(model)
                 result["tensors"] = _reload(self.vllm_config, shadow.root, model_config, paths, target)
                 job.shadow = shadow
             except BaseException as err:  # reported to the front end through done_path
+                if shadow is not None:
+                    shadow_reload.release(shadow)
                 result["error"] = f"{type(err).__name__}: {err}"
                 log.exception("preparing %s weights from %s failed", target, paths)
             finally:
@@ -73,7 +80,10 @@ class RolloutWorkerExtension:
         if job is None or job.shadow is None or job.target != target:
             raise RuntimeError(f"no prepared {target} weights to swap in")
         self._rollout_pending = None
-        shadow_reload.swap(job.shadow)
+        try:
+            shadow_reload.swap(job.shadow)
+        finally:
+            shadow_reload.release(job.shadow)    # freed by the next preparation's gc.collect()
 
     def rollout_discard_weights(self) -> None:
         """Drop prepared weights (waits for a preparation still running)."""
@@ -81,6 +91,9 @@ class RolloutWorkerExtension:
         self._rollout_pending = None
         if job is not None and job.thread is not None:
             job.thread.join()
+        if job is not None and job.shadow is not None:
+            shadow_reload.release(job.shadow)
+            gc.collect()
 
     def _rollout_target(self, target: str):
         if target == "policy":

@@ -59,3 +59,41 @@ def test_loading_the_shadow_changes_nothing_served_until_the_swap():
     assert net.blocks[1].proj.cpu_linear == "packed-v1" and net.blocks[0].proj.cpu_linear == "packed-v0"
     assert net.blocks[1].proj.weight is weight_obj and weight_obj.numel() == 0    # form changed: data moved
     assert torch.equal(net.blocks[0].proj.weight, before["blocks.0.proj.weight"])
+
+
+class LoaderLinear(nn.Linear):
+    """A linear layer whose weight carries a loader bound to the layer, as vLLM's parameters do."""
+
+    def __init__(self):
+        super().__init__(4, 4, bias=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param, loaded):
+        param.data.copy_(loaded)
+
+
+def test_released_shadow_is_freed():
+    """vLLM's reload registry is keyed weakly by module, but a shadow's entries hold loaders bound to the
+    shadow: until release() drops them, every commit's shadow (and all it loaded) stayed alive."""
+    import gc
+    import weakref
+
+    from vllm.model_executor.model_loader.reload.layerwise import record_metadata_for_reloading
+
+    from rollout_service.engine.shadow_reload import release
+
+    net = nn.Sequential(LoaderLinear(), LoaderLinear())
+    record_metadata_for_reloading(net)
+
+    def commit(do_release: bool):
+        shadow = make_shadow(net)
+        gone = weakref.ref(shadow.root[0])
+        swap(shadow)
+        if do_release:
+            release(shadow)
+        del shadow
+        gc.collect()
+        return gone() is None
+
+    assert not commit(do_release=False)            # the leak this guards against is real
+    assert commit(do_release=True)
