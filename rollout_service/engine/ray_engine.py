@@ -71,8 +71,6 @@ class EngineActor:
             _remove(names)
 
     async def prepare_weights(self, refs: list, target: str) -> bool:
-        if self.engine.cfg.weight_reload == "in_place":
-            return False
         names = _local_files(await asyncio.gather(*refs))   # refs inside a list are not resolved by Ray
         try:
             return await self.engine.prepare_weights(names, target)

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rollout_service.engine import shadow_reload
 from rollout_service.speculation import cpu_fix
@@ -107,7 +107,6 @@ class RolloutWorkerExtension:
 @dataclass
 class _Prepare:
     target: str
-    done: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     shadow: object = None
 
