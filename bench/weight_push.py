@@ -8,7 +8,9 @@ generating and pauses only to swap them in; "in_place" loads them while paused),
   the server's phase timings (receive, validate, prepare, apply, pause);
 - PushWeights in keep mode while a batch of generation is in flight: the pause window;
 - LoadWeights of the same tensors from a safetensors file on local disk;
-and this machine's memcpy bandwidth (a torch copy of the same byte count), as the ceiling.
+and this machine's memcpy bandwidth (a torch copy of the same byte count), as the ceiling; and the
+service's memory (USS of the server and its engine processes) before the first push and after the last,
+which stays flat unless a commit leaks.
 """
 from __future__ import annotations
 
@@ -35,6 +37,20 @@ def memcpy_gbps(nbytes: int) -> float:
     return nbytes / best / 1e9
 
 
+def tree_uss_gb(pid: int) -> float:
+    """Unique memory of process `pid` and all its descendants (server, engine core, worker), in GB."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for p in [root] + root.children(recursive=True):
+        try:
+            total += p.memory_full_info().uss
+        except psutil.Error:
+            pass
+    return total / 1e9
+
+
 def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
     from safetensors.torch import save_file
 
@@ -45,6 +61,11 @@ def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
     with ServiceProcess(model_dir, log_path=f"bench/results/weight_push-{reload}.log",
                         extra_args=["--weight-reload", reload]) as svc, RolloutClient(svc.target) as client:
         version = client.status().policy_version
+        uss_before = tree_uss_gb(svc.proc.pid)
+        version += 1
+        t = time.perf_counter()
+        client.push_weights(model, version, mode="wait")
+        print(f"first push after start-up (not counted below): {time.perf_counter() - t:.2f} s")
         rows = []
         for _ in range(repeats):
             version += 1
@@ -89,6 +110,9 @@ def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
             med_l = statistics.median(lw)
             print(f"LoadWeights from local disk: {r.num_bytes / med_l / 1e9:.2f} GB/s (median {med_l:.2f} s; "
                   f"prepare {r.prepare_s:.2f} s, apply {r.apply_s:.3f} s, pause {r.pause_s:.3f} s)")
+        uss_after = tree_uss_gb(svc.proc.pid)
+        print(f"service memory (USS, server + engine processes): {uss_before:.2f} GB before the first push, "
+              f"{uss_after:.2f} GB after {3 * repeats + 1} commits")
         return dict(nbytes=nbytes, push_s=med, push_gbps=nbytes / med / 1e9, keep_pause=pause, load_s=med_l,
                     load_gbps=nbytes / med_l / 1e9)
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from rollout_service.engine import shadow_reload
@@ -39,6 +40,10 @@ class RolloutWorkerExtension:
         model, model_config = self._rollout_target(target)
         return _reload(self.vllm_config, model, model_config, [path], target)
 
+    def rollout_freeze_startup_objects(self) -> None:
+        """See _collect_previous_shadows: called once the engine is up, so commits never pay for it."""
+        _collect_previous_shadows()
+
     def rollout_prepare_weights(self, paths: list[str], target: str, done_path: str) -> None:
         """Start loading `paths` into a shadow of the policy or drafter (engine/shadow_reload.py) in a
         background thread: this call returns at once and generation goes on meanwhile. When the thread
@@ -54,11 +59,13 @@ class RolloutWorkerExtension:
             result: dict = {}
             shadow = None
             try:
-                # The previous commit's shadow (released at its swap) sits in reference cycles that only the
-                # cyclic collector frees; free it now, before this commit allocates a new one, not while paused.
-                gc.collect()
+                t0 = time.perf_counter()
+                _collect_previous_shadows()
+                t1 = time.perf_counter()
                 shadow = shadow_reload.make_shadow(model)
+                t2 = time.perf_counter()
                 result["tensors"] = _reload(self.vllm_config, shadow.root, model_config, paths, target)
+                result["phases_s"] = {"gc": t1 - t0, "shadow": t2 - t1, "load": time.perf_counter() - t2}
                 job.shadow = shadow
             except BaseException as err:  # reported to the front end through done_path
                 if shadow is not None:
@@ -83,7 +90,7 @@ class RolloutWorkerExtension:
         try:
             shadow_reload.swap(job.shadow)
         finally:
-            shadow_reload.release(job.shadow)    # freed by the next preparation's gc.collect()
+            shadow_reload.release(job.shadow)    # the next preparation collects any rest
 
     def rollout_discard_weights(self) -> None:
         """Drop prepared weights (waits for a preparation still running)."""
@@ -102,6 +109,23 @@ class RolloutWorkerExtension:
             return (self.model_runner.get_draft_model(),
                     self.vllm_config.speculative_config.draft_model_config)
         raise ValueError(f"unknown target {target!r}")
+
+
+_frozen = False
+
+
+def _collect_previous_shadows() -> None:
+    """Free what earlier commits' shadows left in reference cycles (release() breaks the ones it knows
+    of, vLLM's loaders make more; without this the worker grew ~0.3 GB per push, bench/weight_push.py's
+    memory line). A full collection over everything vLLM built at start-up took ~0.4 s, so the first
+    call (at engine start-up: rollout_freeze_startup_objects) freezes those objects (gc.freeze: they live as
+    long as the worker) and later collections only traverse what was made since: ~3 ms."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+    gc.collect()
 
 
 @dataclass

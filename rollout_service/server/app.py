@@ -29,6 +29,7 @@ from rollout_service.server.grpc_service import RolloutServicer
 from rollout_service.server.http_app import build_http_app
 from rollout_service.validation import Limits
 from rollout_service.weights.service import WeightService
+from rollout_service.weights.staging import remove_staging_root, sweep_stale_roots
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
@@ -146,12 +147,16 @@ class RolloutServer:
         await self.grpc.stop(self.cfg.shutdown_grace_s)
         self.http.should_exit = True
         await self._http_task
+        await asyncio.to_thread(remove_staging_root)
         log.info("stopped")
 
 
 async def serve(cfg: ServerConfig, model_path: str, factory: Callable[[str], Engine] | None = None) -> None:
     """factory: engine id -> Engine (default: real vLLM engines per the config)."""
     model = ModelInfo.load(model_path, cfg.engine.max_model_len)
+    freed = sweep_stale_roots()
+    if freed:
+        log.info("removed %.1f MB of weight-push staging left by server processes that no longer run", freed / 1e6)
     server = RolloutServer(cfg, model, factory or engine_factory(cfg, model_path))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -41,14 +41,22 @@ def sample_target(target_dir: str, prompts: list[list[int]], max_tokens: int, te
     from rollout_service.engine.types import SeqRequest
     from rollout_service.engine.vllm_engine import VllmEngine
 
+    from tqdm import tqdm
+
     async def run():
         eng = VllmEngine("drafter-data", target_dir, EngineConfig(max_model_len=1024, kv_cache_gb=2))
         await eng.start()
+        bar = tqdm(total=len(prompts), desc="sampling the target", unit="sample")
+
+        async def one(i, p):
+            r = await eng.generate(SeqRequest(seq_id=f"d{i}", prompt_token_ids=p, temperature=temperature,
+                                              max_tokens=max_tokens, seed=i))
+            bar.update()
+            return r
         try:
-            res = await asyncio.gather(*(eng.generate(SeqRequest(seq_id=f"d{i}", prompt_token_ids=p,
-                                                                 temperature=temperature, max_tokens=max_tokens,
-                                                                 seed=i)) for i, p in enumerate(prompts)))
+            res = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
         finally:
+            bar.close()
             await eng.shutdown()
         return [(p, r.token_ids) for p, r in zip(prompts, res)]
     return asyncio.run(run())

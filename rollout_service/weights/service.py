@@ -76,10 +76,11 @@ class WeightService:
     async def push(self, header: Header, chunks: AsyncIterator[Chunk]) -> PushOutcome:
         t0 = time.perf_counter()
         self._check_header(header)
-        stager = Stager(self.manifests[header.target], header.total_bytes, header.sha256, header.partial)
-        # Hashing, copying and writing the staging file run in a thread (hashlib and the copies release the
-        # GIL), so Generate streams keep flowing on the event loop while a large push arrives. Pipelined: the
-        # next chunk is received while the thread checks, hashes and copies the previous one (in order).
+        stager = await asyncio.to_thread(Stager, self.manifests[header.target], header.total_bytes,
+                                         header.sha256, header.partial, staging_root())
+        # Hashing and copying into the staging file run in a thread (hashlib and the copies release the GIL),
+        # so Generate streams keep flowing on the event loop while a large push arrives. Pipelined: the next
+        # chunk is received while the thread checks, hashes and copies the previous one (in order).
         adding: asyncio.Future | None = None
         try:
             async for c in chunks:
@@ -89,10 +90,12 @@ class WeightService:
                     asyncio.to_thread(stager.add, c.name, c.dtype, c.shape, c.offset, c.data))
             if adding is not None:
                 await adding
-        finally:
-            if adding is not None:       # stream cut or cancelled: let the thread finish, retrieve its error
+        except BaseException:
+            if adding is not None:       # stream cut, bad chunk or cancelled: let the thread finish first
                 await asyncio.gather(adding, return_exceptions=True)
-        staged = await run_to_end(asyncio.to_thread(stager.finish, staging_root()), "staging write",
+            stager.discard()
+            raise
+        staged = await run_to_end(asyncio.to_thread(stager.finish), "staging write",
                                   orphaned=lambda st: st.discard())
         # The committer owns the staged file from here: it keeps it on success and deletes it otherwise.
         res = await self.committer.commit([staged.path], staged.names, header.version, header.target,

@@ -2,8 +2,10 @@
 leaves no engine process behind. Runs its own service (the shared one must outlive every test)."""
 import os
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import psutil
@@ -17,6 +19,8 @@ def test_sigterm_ends_streams_unavailable_and_leaves_no_orphans(tiny_model, tmp_
     svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS, log_path=tmp_path / "svc.log").start()
     children = psutil.Process(svc.proc.pid).children(recursive=True)
     assert children, "vLLM's engine core should run in a child process"
+    staging = [base / f"rollout-service-{svc.proc.pid}" for base in (Path("/dev/shm"), Path(tempfile.gettempdir()))]
+    assert any(p.is_dir() for p in staging), "the server keeps weight pushes in a staging folder"
     errors = []
 
     def stream():
@@ -43,4 +47,5 @@ def test_sigterm_ends_streams_unavailable_and_leaves_no_orphans(tiny_model, tmp_
         time.sleep(0.2)
     alive = [p.pid for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"engine processes left behind: {alive}"
+    assert not any(p.exists() for p in staging), "the staging folder (RAM on /dev/shm) outlived the server"
     assert os.path.exists(tmp_path / "svc.log")

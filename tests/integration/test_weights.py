@@ -1,5 +1,6 @@
 """Weight pushes on a real engine: new weights serve (checked against an independent forward pass),
 in-flight modes, failures that leave the old version serving, version ordering, LoadWeights."""
+import tempfile
 import threading
 import time
 
@@ -7,12 +8,13 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 from rollout_client import RolloutClient
 from rollout_client.weights import push_stream
+from transformers import AutoModelForCausalLM
+
 from rollout_service.api import pb
 from rollout_service.speculation.reference import processed_logprobs
+from tests.integration.conftest import wait_for
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 
@@ -118,16 +120,25 @@ def _corrupt(policy, version, how):
     ("two_headers", grpc.StatusCode.INVALID_ARGUMENT, "only the first message"),
     ("not_partial", grpc.StatusCode.INVALID_ARGUMENT, "tensors are missing"),
 ])
-def test_bad_push_changes_nothing(client, policy, how, code, needle):
+def test_bad_push_changes_nothing(service, client, policy, how, code, needle):
     before = client.status().policy_version
     with pytest.raises(grpc.RpcError) as e:
         _push_raw(client, _corrupt(policy, before + 1, how))
     assert e.value.code() == code and needle in e.value.details(), e.value.details()
     assert client.status().policy_version == before
+    assert not staged_files(service), "a rejected push leaves no staging file behind"
     assert_serves(client, policy, before)
 
 
-def test_stream_cut_mid_way_changes_nothing(client, policy):
+def staged_files(service) -> list:
+    """Staging files the server holds outside its committed state (weights/staging.staging_root)."""
+    from pathlib import Path
+
+    return [p for base in (Path("/dev/shm"), Path(tempfile.gettempdir()))
+            for p in (base / f"rollout-service-{service.proc.pid}").glob("*.safetensors")]
+
+
+def test_stream_cut_mid_way_changes_nothing(service, client, policy):
     before = client.status().policy_version
     msgs = list(push_stream(policy, before + 1, target=pb.TARGET_POLICY, chunk_bytes=1 << 16))
 
@@ -141,6 +152,7 @@ def test_stream_cut_mid_way_changes_nothing(client, policy):
         client.stub.PushWeights(dies_half_way())
     assert e.value.code() in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED)
     assert client.status().policy_version == before
+    wait_for(lambda: not staged_files(service), 10, "the cut push's staging file to be removed")
     assert_serves(client, policy, before)
 
 

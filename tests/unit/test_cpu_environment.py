@@ -15,7 +15,7 @@ def test_cpu_list_syntax(cpus, text):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
+    for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "THP_MEM_ALLOC_ENABLE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("LD_PRELOAD", os.environ.get("LD_PRELOAD", ""))   # restored after the test
     return monkeypatch
@@ -40,3 +40,12 @@ def test_explicit_binding_wins(clean_env):
     clean_env.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     prepare_cpu_environment(2)
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+
+
+def test_engines_allocate_tensors_on_huge_pages_unless_told_otherwise(clean_env):
+    clean_env.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    prepare_cpu_environment(2)
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    clean_env.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    prepare_cpu_environment(2)
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"

@@ -97,3 +97,32 @@ def test_released_shadow_is_freed():
 
     assert not commit(do_release=False)            # the leak this guards against is real
     assert commit(do_release=True)
+
+
+def test_released_shadow_is_freed_without_the_cyclic_collector():
+    """release() breaks the cycles through the shadow's own registries (loaders bound to the shadow), so a
+    shadow holding only those is freed by refcount, with the collector off."""
+    import gc
+    import weakref
+
+    from vllm.model_executor.model_loader.reload.layerwise import record_metadata_for_reloading
+
+    from rollout_service.engine.shadow_reload import release
+
+    net = nn.Sequential(LoaderLinear(), LoaderLinear())
+    record_metadata_for_reloading(net)
+    gc.collect()
+    gc.disable()
+    try:
+        shadow = make_shadow(net)
+        for layer in shadow.root:                   # what a reload leaves: new tensors, loaders bound to the shadow
+            layer.weight = nn.Parameter(layer.weight.data.clone(), requires_grad=False)
+            layer.weight.weight_loader = layer.weight_loader
+        gone = [weakref.ref(m) for _, m in shadow.pairs] + [weakref.ref(shadow.root[1].weight)]
+        swap(shadow)
+        release(shadow)
+        del shadow, layer
+        assert all(ref() is None for ref in gone)
+    finally:
+        gc.enable()
+    assert torch.equal(net[0].weight, net[0].weight) and net[1].weight.numel() == 16   # served model intact

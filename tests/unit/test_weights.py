@@ -334,19 +334,79 @@ def test_push_cancelled_during_its_commit_still_commits_on_every_engine_or_none(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_staging_file_is_the_safetensors_format(tmp_path, dtype):
-    """The staging writer's file reads back through safetensors itself, byte for byte, odd shapes included."""
+    """The stager's file reads back through safetensors itself, byte for byte: odd shapes, a scalar, an empty
+    tensor, tensors split over several chunks in any order, a tensor left out (partial), an ignored one."""
     from safetensors import safe_open
 
-    from rollout_service.weights.staging import _Buffer, write_safetensors
+    from rollout_service.weights.manifest import Manifest, TensorSpec
+    from rollout_service.weights.staging import Stager
 
+    name = str(dtype).removeprefix("torch.")
     tensors = {"a": torch.randn(3, 5).to(dtype), "scalar": torch.tensor(2.5, dtype=dtype),
                "empty": torch.zeros(0, 4, dtype=dtype), "odd": torch.randn(7).to(dtype)}
-    buffers = {n: _Buffer(str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                          t.contiguous().reshape(-1).view(torch.uint8).numpy().copy())
-               for n, t in tensors.items()}
-    write_safetensors(tmp_path / "w.safetensors", buffers)
-    with safe_open(str(tmp_path / "w.safetensors"), "pt") as f:
+    manifest = Manifest({**{n: TensorSpec(name, tuple(t.shape)) for n, t in tensors.items()},
+                         "left_out": TensorSpec(name, (2, 2))}, frozenset({"tied"}), "float32")
+    chunks = []
+    for n, t in list(tensors.items()) + [("tied", torch.ones(3, dtype=dtype))]:
+        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        parts = [(o, raw[o:o + 6]) for o in range(0, len(raw), 6)] or [(0, b"")]
+        chunks += [(n, name, tuple(t.shape), o, d) for o, d in reversed(parts)]
+    digest = hashlib.sha256(b"".join(c[4] for c in chunks)).hexdigest()
+    stager = Stager(manifest, sum(len(c[4]) for c in chunks), digest, True, tmp_path)
+    for c in chunks:
+        stager.add(*c)
+    staged = stager.finish()
+    assert staged.partial and sorted(staged.names) == sorted(tensors)
+    with safe_open(str(staged.path), "pt") as f:
         assert sorted(f.keys()) == sorted(tensors)
         for n, t in tensors.items():
             got = f.get_tensor(n)
             assert got.dtype == dtype and got.shape == t.shape and torch.equal(got, t)
+
+
+def test_failed_or_cut_staging_leaves_no_file(tmp_path):
+    """A checksum mismatch, an incomplete tensor or a push abandoned mid-stream removes the staging file."""
+    from rollout_service.weights.manifest import Manifest, TensorSpec
+    from rollout_service.weights.staging import Stager
+
+    manifest = Manifest({"w": TensorSpec("float32", (4,))}, frozenset(), "float32")
+    data = torch.arange(4, dtype=torch.float32).numpy().tobytes()
+    good = hashlib.sha256(data).hexdigest()
+    bad = Stager(manifest, len(data), "0" * 64, False, tmp_path)
+    bad.add("w", "float32", (4,), 0, data)
+    with pytest.raises(ServiceError, match="sha256 mismatch"):
+        bad.finish()
+    short = Stager(manifest, 8, hashlib.sha256(data[:8]).hexdigest(), False, tmp_path)
+    short.add("w", "float32", (4,), 0, data[:8])
+    with pytest.raises(ServiceError, match="incomplete"):
+        short.finish()
+    cut = Stager(manifest, len(data), good, False, tmp_path)
+    cut.add("w", "float32", (4,), 0, data[:8])
+    assert len(list(tmp_path.iterdir())) == 1
+    cut.discard()
+    assert not list(tmp_path.iterdir())
+
+
+def test_start_up_sweeps_staging_left_by_dead_servers(tmp_path, monkeypatch):
+    """A server killed before it could clean up leaves its staging folder (RAM, on /dev/shm); the next server
+    removes it at start-up, and only folders of processes that no longer run."""
+    import os
+    import subprocess
+
+    from rollout_service.weights import staging
+
+    monkeypatch.setattr(staging, "_staging_base", lambda: tmp_path)
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    dead = proc.pid
+    (tmp_path / f"rollout-service-{dead}" / "committed").mkdir(parents=True)
+    (tmp_path / f"rollout-service-{dead}" / "committed" / "v1.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / f"rollout-service-{os.getppid()}").mkdir()                   # a live process: kept
+    (tmp_path / "rollout-service-notapid").mkdir()                           # not ours: kept
+    assert staging.sweep_stale_roots() == 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"rollout-service-{os.getppid()}",
+                                                                 "rollout-service-notapid"])
+    root = staging.staging_root()
+    assert root.is_dir() and root.name == f"rollout-service-{os.getpid()}"
+    staging.remove_staging_root()
+    assert not root.exists()
