@@ -100,7 +100,7 @@ class RolloutWorkerExtension:
             job.thread.join()
         if job is not None and job.shadow is not None:
             shadow_reload.release(job.shadow)
-            gc.collect()
+            _collect_previous_shadows()
 
     def _rollout_target(self, target: str):
         if target == "policy":

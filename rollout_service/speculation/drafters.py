@@ -37,11 +37,11 @@ def task_prompts(tokenizer, n: int, start: int = 0) -> list[list[int]]:
 
 def sample_target(target_dir: str, prompts: list[list[int]], max_tokens: int, temperature: float = 1.0):
     """The target's own samples (real vLLM): list of (prompt ids, generated ids)."""
+    from tqdm import tqdm
+
     from rollout_service.config import EngineConfig
     from rollout_service.engine.types import SeqRequest
     from rollout_service.engine.vllm_engine import VllmEngine
-
-    from tqdm import tqdm
 
     async def run():
         eng = VllmEngine("drafter-data", target_dir, EngineConfig(max_model_len=1024, kv_cache_gb=2))

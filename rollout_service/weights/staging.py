@@ -35,10 +35,14 @@ def _staging_base() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
+def _own_root() -> Path:
+    return _staging_base() / f"{ROOT_PREFIX}{os.getpid()}"
+
+
 def staging_root() -> Path:
     """/dev/shm when present (the worker then maps the file from memory), else the temp dir. One folder
     per server process: staged pushes and the committed overlays (memory, on /dev/shm)."""
-    root = _staging_base() / f"{ROOT_PREFIX}{os.getpid()}"
+    root = _own_root()
     root.mkdir(parents=True, exist_ok=True)
     return root
 
@@ -46,7 +50,7 @@ def staging_root() -> Path:
 def remove_staging_root() -> None:
     """At shutdown: the folder holds a copy of every pushed tensor, and on /dev/shm that is RAM that would
     stay taken after the server exits."""
-    shutil.rmtree(_staging_base() / f"{ROOT_PREFIX}{os.getpid()}", ignore_errors=True)
+    shutil.rmtree(_own_root(), ignore_errors=True)
 
 
 def sweep_stale_roots() -> int:
@@ -122,13 +126,13 @@ class Stager:
         self.path = Path(name)
         try:
             os.ftruncate(fd, self._data_start + cap)
-            self._mm = mmap.mmap(fd, self._data_start + cap) if self._data_start + cap else None
+            self._mm = mmap.mmap(fd, self._data_start + cap)          # never empty: the header room is in it
         except BaseException:
             os.close(fd)
             self.path.unlink(missing_ok=True)
             raise
         os.close(fd)
-        self._view = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else None
+        self._view = np.frombuffer(self._mm, dtype=np.uint8)
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], offset: int, data: bytes) -> None:
         t = time.perf_counter()
@@ -158,7 +162,7 @@ class Stager:
         ten.received += len(data)
         self._validate_s += time.perf_counter() - t
 
-    def finish(self) -> "StagedWeights":
+    def finish(self) -> StagedWeights:
         """Check completeness and checksum, write the header: the file is then a safetensors file holding
         exactly the received tensors. On any error the file is removed."""
         try:
@@ -167,7 +171,7 @@ class Stager:
             self.discard()
             raise
 
-    def _finish(self) -> "StagedWeights":
+    def _finish(self) -> StagedWeights:
         receive_s = time.perf_counter() - self._started
         t = time.perf_counter()
         if self._bytes != self.total_bytes:
