@@ -2,12 +2,12 @@
 
     .venv/bin/python bench/speculation.py [--draft-model DIR] [--eagle3-head DIR]
                                           [--methods draft_model,eagle3,ngram] [--ks 1,2,3,5]
-                                          [--concurrency 1,8,32] [--max-tokens 256]
+                                          [--concurrency 1,8,32] [--max-tokens 256] [--singles 6]
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples (concurrency 1
-runs single samples), up to 256 new tokens, temperature 1.0, natural EOS. Same engine settings, same
-prompts and seeds for every configuration. For each (method, k, concurrency): throughput ratio against
-the plain engine, acceptance rate a, mean acceptance length, the drafter's measured cost c, and the
+runs `--singles` single samples one after another), up to 256 new tokens, temperature 1.0, natural EOS.
+Same engine settings, prompts and seeds for every configuration. For each (method, k, concurrency):
+throughput ratio against the plain engine, acceptance rate a, mean acceptance length, the drafter's measured cost c, and the
 analytical speedup bound (1 - a^(k+1)) / ((1 - a)(1 + c k)). c is one drafter step over one target step:
 for the draft model both run as plain vLLM engines at the same concurrency; an EAGLE-3 head cannot run
 alone in vLLM, so its c is one head step over one target forward, both timed in PyTorch in this process at
@@ -29,7 +29,7 @@ def bound(a: float, k: int, c: float) -> float:
     return (1 - a ** (k + 1)) / ((1 - a) * (1 + c * k))
 
 
-async def run_config(model: str, spec, prompts, concurrency: list[int], max_tokens: int) -> dict:
+async def run_config(model: str, spec, prompts, concurrency: list[int], max_tokens: int, singles: int) -> dict:
     from rollout_service.config import EngineConfig
     from rollout_service.engine.types import SeqRequest
     from rollout_service.engine.vllm_engine import VllmEngine
@@ -41,7 +41,7 @@ async def run_config(model: str, spec, prompts, concurrency: list[int], max_toke
         await eng.generate(SeqRequest(seq_id="warm", prompt_token_ids=prompts[0], max_tokens=8))
         for c in concurrency:
             if c == 1:
-                batches = [[(0, 0)], [(1, 0)]]                  # two single samples, one after the other
+                batches = [[(p, 0)] for p in range(singles)]    # single samples, one after the other
             else:
                 batches = [[(p, s) for p in range(c // 4) for s in range(4)]]
             tokens = drafted = accepted = steps = 0
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--ngram-ks", default="3", help="k values for ngram (it rarely proposes on this task)")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--singles", type=int, default=6, help="samples run one after another at concurrency 1")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -111,16 +112,17 @@ def main() -> None:
     drafter = args.draft_model or str(default_drafter_dir("draft_model"))
     head = args.eagle3_head or str(default_drafter_dir("eagle3"))
     conc = [int(x) for x in args.concurrency.split(",")]
-    prompts = task_prompts(AutoTokenizer.from_pretrained(model), max(conc) // 4 + 2, start=50_000)
+    prompts = task_prompts(AutoTokenizer.from_pretrained(model), max(max(conc) // 4, args.singles),
+                           start=50_000)
     print(f"target {model}\ndrafter {drafter}\nEAGLE-3 head {head}\nconcurrency {conc}, max_tokens {args.max_tokens}, temperature 1.0")
 
     print("plain target:", flush=True)
-    plain = asyncio.run(run_config(model, SpeculationConfig(), prompts, conc, args.max_tokens))
+    plain = asyncio.run(run_config(model, SpeculationConfig(), prompts, conc, args.max_tokens, args.singles))
     methods = args.methods.split(",")
     cost = {m: {c: 0.0 for c in conc} for m in methods}
     if "draft_model" in methods:
         print("drafter alone (for its cost c):", flush=True)
-        alone = asyncio.run(run_config(drafter, SpeculationConfig(), prompts, conc, args.max_tokens))
+        alone = asyncio.run(run_config(drafter, SpeculationConfig(), prompts, conc, args.max_tokens, args.singles))
         cost["draft_model"] = {c: plain[c]["tok_s"] / alone[c]["tok_s"] for c in conc}   # step time ratio
     if "eagle3" in methods:
         cost["eagle3"] = eagle3_cost(model, head, conc)
@@ -134,7 +136,7 @@ def main() -> None:
                                      model={"draft_model": drafter, "eagle3": head}.get(method, ""),
                                      prompt_lookup_min=2, prompt_lookup_max=5)
             print(f"{method} k={k}:", flush=True)
-            res = asyncio.run(run_config(model, spec, prompts, conc, args.max_tokens))
+            res = asyncio.run(run_config(model, spec, prompts, conc, args.max_tokens, args.singles))
             for c in conc:
                 cc = cost[method][c]
                 r = res[c]

@@ -5,7 +5,8 @@
 For each commit path (engine.weight_reload: "shadow" prepares the new weights beside the served ones while
 generating and pauses only to swap them in; "in_place" loads them while paused), a service of its own:
 - PushWeights of the whole model (bf16, as a trainer would send it), service idle: end-to-end GB/s and
-  the server's phase timings (receive, validate, prepare, apply, pause);
+  the server's phase timings (receive, validate, prepare, apply, pause), with the client's sha256 in the
+  trailer (the default: hashed while streaming) and in the header (hashed before), interleaved;
 - PushWeights in keep mode while a batch of generation is in flight: the pause window;
 - LoadWeights of the same tensors from a safetensors file on local disk;
 and this machine's memcpy bandwidth (a torch copy of the same byte count), as the ceiling; and the
@@ -66,19 +67,24 @@ def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
         t = time.perf_counter()
         client.push_weights(model, version, mode="wait")
         print(f"first push after start-up (not counted below): {time.perf_counter() - t:.2f} s")
-        rows = []
+        rows = {"trailer": [], "header": []}         # where the client puts the sha256; interleaved runs
         for _ in range(repeats):
-            version += 1
-            t = time.perf_counter()
-            r = client.push_weights(model, version, mode="wait")
-            rows.append((time.perf_counter() - t, r))
-        nbytes = rows[0][1].num_bytes
-        med = statistics.median(w for w, _ in rows)
-        print(f"PushWeights (idle, wait mode), {repeats} runs: end-to-end {nbytes / med / 1e9:.2f} GB/s "
-              f"(median {med:.2f} s until the new version serves)")
-        for w, r in rows:
-            print(f"  wall {w:.2f} s | receive {r.receive_s:.2f} validate {r.validate_s:.2f} "
-                  f"prepare {r.prepare_s:.2f} apply {r.apply_s:.3f} pause {r.pause_s:.3f} total {r.total_s:.2f} s")
+            for checksum, got in rows.items():
+                version += 1
+                t = time.perf_counter()
+                r = client.push_weights(model, version, mode="wait", checksum=checksum)
+                got.append((time.perf_counter() - t, r))
+        nbytes = rows["trailer"][0][1].num_bytes
+        medians = {k: statistics.median(w for w, _ in v) for k, v in rows.items()}
+        med = medians["trailer"]
+        for checksum, got in rows.items():
+            m = medians[checksum]
+            print(f"PushWeights (idle, wait mode, sha256 in the {checksum}), {repeats} runs: end-to-end "
+                  f"{nbytes / m / 1e9:.2f} GB/s (median {m:.2f} s until the new version serves)")
+            for w, r in got:
+                print(f"  wall {w:.2f} s | receive {r.receive_s:.2f} validate {r.validate_s:.2f} prepare "
+                      f"{r.prepare_s:.2f} apply {r.apply_s:.3f} pause {r.pause_s:.3f} total {r.total_s:.2f} s")
+        print(f"sha256 in the trailer / in the header: push time {med / medians['header']:.2f}")
 
         prompts = [[1, 9690, 198, 2683, 359, 100 + i] for i in range(16)]
         pauses = []
@@ -112,7 +118,7 @@ def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
                   f"prepare {r.prepare_s:.2f} s, apply {r.apply_s:.3f} s, pause {r.pause_s:.3f} s)")
         uss_after = tree_uss_gb(svc.proc.pid)
         print(f"service memory (USS, server + engine processes): {uss_before:.2f} GB before the first push, "
-              f"{uss_after:.2f} GB after {3 * repeats + 1} commits")
+              f"{uss_after:.2f} GB after {4 * repeats + 1} commits")
         return dict(nbytes=nbytes, push_s=med, push_gbps=nbytes / med / 1e9, keep_pause=pause, load_s=med_l,
                     load_gbps=nbytes / med_l / 1e9)
 

@@ -54,21 +54,24 @@ class RolloutClient:
         return self.stub.ScaleEngines(pb.ScaleRequest(engines=engines), timeout=timeout, metadata=self.auth.admin())
 
     def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
-                     chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+                     chunk_bytes: int = 4 << 20, timeout: float | None = None,
+                     checksum: str = "trailer") -> PushResult:
         """Push policy weights (an nn.Module or a name->tensor dict), streamed in chunks.
 
         mode: what in-flight samples do at commit: "wait" (sync RL), "keep" (async RL), "abort".
         dtype: cast tensors while sending (e.g. torch.bfloat16 to match a bf16 checkpoint).
+        checksum: "trailer" hashes while streaming (one pass over the tensors); "header" hashes first.
         """
         stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes)
+                             chunk_bytes=chunk_bytes, checksum=checksum)
         return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
-                     chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+                     chunk_bytes: int = 4 << 20, timeout: float | None = None,
+                     checksum: str = "trailer") -> PushResult:
         """Push drafter weights (versioned independently of the policy)."""
         stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes)
+                             chunk_bytes=chunk_bytes, checksum=checksum)
         return PushResult.from_proto(self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
@@ -127,16 +130,18 @@ class AsyncRolloutClient:
                                             metadata=self.auth.admin())
 
     async def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
-                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None,
+                           checksum: str = "trailer") -> PushResult:
         stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes)
+                             chunk_bytes=chunk_bytes, checksum=checksum)
         reply = await self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
 
     async def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
-                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None,
+                           checksum: str = "trailer") -> PushResult:
         stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes)
+                             chunk_bytes=chunk_bytes, checksum=checksum)
         reply = await self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
 

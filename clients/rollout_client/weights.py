@@ -1,8 +1,8 @@
 """Turn a model or state dict into a PushWeights/UpdateDraft stream without copying the whole model.
 
-Two passes over the tensors: the first hashes them (the header carries the sha256 and byte count),
-the second yields chunks of at most `chunk_bytes`. Tensors that share storage (tied embeddings) are
-sent once, under their first name.
+One pass over the tensors: chunks of at most `chunk_bytes`, hashed as they go, then a trailer with the
+sha256 (with checksum="header", a first pass hashes them for the header instead). Tensors that share
+storage (tied embeddings) are sent once, under their first name.
 """
 from __future__ import annotations
 
@@ -40,21 +40,32 @@ def _bytes_of(t, dtype):
 
 
 def push_stream(weights, version: int, *, target: int, mode: str = "wait", partial: bool = False,
-                dtype=None, chunk_bytes: int = 4 << 20) -> Iterator[pb.PushRequest]:
+                dtype=None, chunk_bytes: int = 4 << 20, checksum: str = "trailer") -> Iterator[pb.PushRequest]:
+    """checksum="trailer" (default) hashes the chunks as they are sent and ends the stream with a
+    PushTrailer: the tensors are read once. "header" hashes everything first (a second pass over the
+    tensors before the first byte goes out) and puts the sha256 in the header."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+    if checksum not in ("trailer", "header"):
+        raise ValueError(f"checksum must be 'trailer' or 'header', got {checksum!r}")
     tensors = _tensors(weights, dtype)
     h, total = hashlib.sha256(), 0
-    for _, t in tensors:                       # pass 1: checksum and size
-        _, mv = _bytes_of(t, dtype)
-        for off in range(0, len(mv), chunk_bytes):
-            h.update(mv[off:off + chunk_bytes])
-        total += len(mv)
+    for _, t in tensors:                       # sizes (and, for a header checksum, the hash) first
+        if checksum == "header":
+            _, mv = _bytes_of(t, dtype)
+            for off in range(0, len(mv), chunk_bytes):
+                h.update(mv[off:off + chunk_bytes])
+        total += t.numel() * (dtype or t.dtype).itemsize
     yield pb.PushRequest(header=pb.PushHeader(version=version, target=target, total_bytes=total,
-                                              sha256=h.hexdigest(), in_flight=MODES[mode], partial=partial))
-    for name, t in tensors:                    # pass 2: the data
+                                              sha256=h.hexdigest() if checksum == "header" else "",
+                                              in_flight=MODES[mode], partial=partial))
+    for name, t in tensors:                    # the data
         t, mv = _bytes_of(t, dtype)
         dname, shape = DTYPE_NAMES[str(t.dtype)], list(t.shape)
         for off in range(0, max(len(mv), 1), chunk_bytes):
-            yield pb.PushRequest(chunk=pb.TensorChunk(name=name, dtype=dname, shape=shape, offset=off,
-                                                      data=bytes(mv[off:off + chunk_bytes])))
+            data = bytes(mv[off:off + chunk_bytes])
+            if checksum == "trailer":
+                h.update(data)
+            yield pb.PushRequest(chunk=pb.TensorChunk(name=name, dtype=dname, shape=shape, offset=off, data=data))
+    if checksum == "trailer":
+        yield pb.PushRequest(trailer=pb.PushTrailer(sha256=h.hexdigest()))

@@ -15,7 +15,7 @@ from rollout_service.server.auth import Credentials, caller_id
 from rollout_service.server.convert import (header_from_proto, target_and_mode, push_result_to_proto,
                                             sample_to_proto, status_to_proto)
 from rollout_service.validation import Limits, check_generate
-from rollout_service.weights.service import Chunk, WeightService
+from rollout_service.weights.service import Chunk, Trailer, WeightService
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +125,20 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             header = header_from_proto(first.header, rpc)
 
             async def chunks():
+                trailer = None
                 async for m in stream:
-                    if m.WhichOneof("item") != "chunk":
+                    kind = m.WhichOneof("item")
+                    if trailer is not None:
+                        raise invalid(f"{rpc}: the trailer must be the last message of the stream")
+                    if kind == "chunk":
+                        c = m.chunk
+                        yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+                    elif kind == "trailer":
+                        trailer = Trailer(m.trailer.sha256)
+                    else:
                         raise invalid(f"{rpc}: only the first message may carry a header")
-                    c = m.chunk
-                    yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+                if trailer is not None:
+                    yield trailer
 
             out = await self.weights.push(header, chunks())
         except ServiceError as e:

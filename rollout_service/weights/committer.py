@@ -25,6 +25,7 @@ from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
 from rollout_service.weights.manifest import safetensors_files
 from rollout_service.weights.shield import run_to_end
+from rollout_service.weights.staging import recycle
 
 log = logging.getLogger(__name__)
 MODES = ("abort", "wait", "keep")
@@ -40,8 +41,10 @@ class CommitResult:
 
 
 class WeightCommitter:
-    def __init__(self, pool: EnginePool, checkpoints: dict[str, Path | None], state_dir: Path):
+    def __init__(self, pool: EnginePool, checkpoints: dict[str, Path | None], state_dir: Path,
+                 spare_dir: Path | None = None):
         self.pool = pool
+        self.spare_dir = spare_dir                # files no longer needed become the next push's staging file
         self.checkpoints = checkpoints            # target -> original checkpoint dir (None: no such target)
         self.state_dir = state_dir
         self.lock = asyncio.Lock()
@@ -73,7 +76,7 @@ class WeightCommitter:
             finally:
                 if not keep_files:
                     for f in files:              # gone already if the commit moved them into its state
-                        Path(f).unlink(missing_ok=True)
+                        self._drop(Path(f))
         return await run_to_end(commit_owning_files(), "commit")
 
     async def _commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
@@ -176,7 +179,14 @@ class WeightCommitter:
         live = set(self.overlay[target].values())
         for old in folder.glob("*.safetensors"):
             if old not in live:
-                old.unlink(missing_ok=True)
+                self._drop(old)
+
+    def _drop(self, path: Path) -> None:
+        """A file no engine reads any more: kept as the spare staging file (staging.recycle) or removed."""
+        if self.spare_dir is not None:
+            recycle(path, self.spare_dir)
+        else:
+            path.unlink(missing_ok=True)
 
     async def _roll_back(self, engines, names: list[str], target: str) -> None:
         path = self._previous_values(names, target)

@@ -51,6 +51,17 @@ class Chunk:
     data: bytes
 
 
+@dataclass
+class Trailer:
+    """The stream's last item when the header left sha256 empty."""
+    sha256: str
+
+
+def _check_sha256(value: str, where: str) -> None:
+    if len(value) != 64 or any(c not in "0123456789abcdefABCDEF" for c in value):
+        raise invalid(f"{where}.sha256 must be 64 hex characters (sha256 of all chunk data in stream order)")
+
+
 class WeightService:
     def __init__(self, committer: WeightCommitter, manifests: dict[str, Manifest]):
         self.committer = committer
@@ -60,7 +71,8 @@ class WeightService:
     def create(cls, pool, policy_dir: str, serving_dtype: str, drafter_dir: str | None = None) -> "WeightService":
         state = staging_root() / "committed"
         committer = WeightCommitter(pool, {"policy": Path(policy_dir),
-                                           "drafter": Path(drafter_dir) if drafter_dir else None}, state)
+                                           "drafter": Path(drafter_dir) if drafter_dir else None}, state,
+                                    spare_dir=staging_root())
         manifests = {"policy": read_manifest(policy_dir, serving_dtype)}
         if drafter_dir:
             manifests["drafter"] = read_manifest(drafter_dir, serving_dtype)
@@ -70,8 +82,8 @@ class WeightService:
         if h.version <= 0:
             raise invalid(f"header.version must be > 0, got {h.version}")
         self.committer.check_version(h.target, h.version)
-        if len(h.sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in h.sha256):
-            raise invalid("header.sha256 must be 64 hex characters (sha256 of all chunk data in stream order)")
+        if h.sha256:                    # empty: it comes in the trailer
+            _check_sha256(h.sha256, "header")
 
     async def push(self, header: Header, chunks: AsyncIterator[Chunk]) -> PushOutcome:
         t0 = time.perf_counter()
@@ -84,12 +96,20 @@ class WeightService:
         adding: asyncio.Future | None = None
         try:
             async for c in chunks:
+                if isinstance(c, Trailer):
+                    if header.sha256:
+                        raise invalid("the sha256 came twice (header and trailer); send it in exactly one")
+                    _check_sha256(c.sha256, "trailer")
+                    stager.sha256 = c.sha256
+                    continue
                 if adding is not None:
                     await adding
                 adding = asyncio.ensure_future(
                     asyncio.to_thread(stager.add, c.name, c.dtype, c.shape, c.offset, c.data))
             if adding is not None:
                 await adding
+            if not stager.sha256:
+                raise invalid("no sha256: set header.sha256, or end the stream with a trailer carrying it")
         except BaseException:
             if adding is not None:       # stream cut, bad chunk or cancelled: let the thread finish first
                 await asyncio.gather(adding, return_exceptions=True)

@@ -3,10 +3,12 @@
 A push is a header then TensorChunks (a tensor may span several chunks). Each chunk is checked as it
 arrives (name, dtype, shape, bounds) and copied into the staging file; the end of the stream checks
 completeness, the byte count and the sha256 over all chunk data in stream order. Only then is the file's
-safetensors header written and the file handed to the engines; a failed push removes it.
+safetensors header written and the file handed to the engines; a failed push leaves it as the spare the
+next push stages into (recycle).
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import mmap
@@ -14,8 +16,9 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +79,42 @@ def _alive(pid: int) -> bool:
     return True
 
 
+SPARE_NAME = "spare.staging"
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)    # Linux >= 5.14; Python 3.11 lacks the name
+_spare_lock = threading.Lock()
+
+
+def recycle(path: Path, spare_dir: Path) -> None:
+    """Keep a file nobody needs any more (a superseded overlay, a failed push) as the next push's staging
+    file instead of deleting it: on /dev/shm its pages stay allocated, and writing 269 MB into recycled pages
+    took 0.08 s here against 0.45 s into fresh ones (each fresh page is faulted in and zeroed). One spare is
+    kept, the larger; the other file is removed. Only for files no engine reads any more: the next push
+    overwrites it."""
+    spare = spare_dir / SPARE_NAME
+    with _spare_lock:
+        try:
+            if spare.exists() and spare.stat().st_blocks >= path.stat().st_blocks:
+                path.unlink()
+            else:
+                os.replace(path, spare)       # same filesystem: the committed overlays live under spare_dir
+        except FileNotFoundError:
+            pass
+        except OSError:
+            path.unlink(missing_ok=True)
+
+
+def _take_spare(spare_dir: Path, dest: Path) -> int:
+    """Move the spare (if any) to `dest`; returns how many bytes of it hold allocated pages (0: none)."""
+    with _spare_lock:
+        spare = spare_dir / SPARE_NAME
+        try:
+            allocated = spare.stat().st_blocks * 512
+            os.replace(spare, dest)
+        except FileNotFoundError:
+            return 0
+    return allocated
+
+
 @dataclass
 class _Tensor:
     dtype: str
@@ -83,6 +122,20 @@ class _Tensor:
     offset: int                               # in the staging file's data region
     nbytes: int
     received: int = 0
+    spans: list = field(default_factory=list)  # sorted [start, end) byte ranges received (no overlaps)
+
+    def cover(self, start: int, end: int, name: str) -> None:
+        """Record [start, end): refuses a chunk overlapping one already received, so received == nbytes
+        means every byte was written (a recycled staging file holds stale bytes in any gap)."""
+        spans = self.spans
+        i = bisect.bisect_left(spans, (start, end))
+        if (i > 0 and spans[i - 1][1] > start) or (i < len(spans) and spans[i][0] < end):
+            raise invalid(f"tensor {name!r}: chunk [{start}, {end}) overlaps bytes already received")
+        if i > 0 and spans[i - 1][1] == start:           # merge with the previous range (in-order chunks)
+            spans[i - 1] = (spans[i - 1][0], end)
+        else:
+            spans.insert(i, (start, end))
+        self.received += end - start
 
 
 @dataclass
@@ -104,7 +157,9 @@ class Stager:
     """Receives one push straight into its staging file: a safetensors file in `out_dir`, memory-mapped, with
     room reserved for the header (written last, once the tensors are known) and a data region sized for
     every model tensor at its widest accepted dtype (sparse until written). Each chunk is copied once,
-    from the message into the file. discard() removes the file; finish() hands it over."""
+    from the message into the file. The file is the spare left by an earlier push when there is one
+    (recycle(); its allocated pages are faulted in up front, in this constructor, before the stream).
+    discard() recycles the file; finish() hands it over."""
 
     def __init__(self, manifest: Manifest, total_bytes: int, sha256: str, partial: bool, out_dir: Path):
         self.manifest, self.total_bytes, self.sha256, self.partial = manifest, total_bytes, sha256, partial
@@ -121,17 +176,28 @@ class Stager:
         self._header_room = len(_header_json(widest)) + 8
         self._header_room += -self._header_room % 8
         self._data_start = 8 + self._header_room
+        self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(suffix=".safetensors", dir=out_dir)
+        os.close(fd)
         self.path = Path(name)
+        size = self._data_start + cap
+        self.recycled_bytes = min(_take_spare(out_dir, self.path), size)
         try:
-            os.ftruncate(fd, self._data_start + cap)
-            self._mm = mmap.mmap(fd, self._data_start + cap)          # never empty: the header room is in it
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                os.ftruncate(fd, size)
+                self._mm = mmap.mmap(fd, size)          # never empty: the header room is in it
+            finally:
+                os.close(fd)
         except BaseException:
-            os.close(fd)
             self.path.unlink(missing_ok=True)
             raise
-        os.close(fd)
+        if self.recycled_bytes:
+            try:                 # map the spare's pages now (one call) instead of one fault per page later
+                self._mm.madvise(MADV_POPULATE_WRITE, 0, self.recycled_bytes - self.recycled_bytes % mmap.PAGESIZE)
+            except OSError:      # older kernels: the pages fault in on first write, still without zeroing
+                pass
         self._view = np.frombuffer(self._mm, dtype=np.uint8)
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], offset: int, data: bytes) -> None:
@@ -157,14 +223,14 @@ class Stager:
         end = offset + len(data)
         if offset < 0 or end > ten.nbytes:
             raise invalid(f"tensor {name!r}: chunk [{offset}, {end}) runs past the tensor's {ten.nbytes} bytes")
+        ten.cover(offset, end, name)
         at = self._data_start + ten.offset + offset
         self._view[at:at + len(data)] = np.frombuffer(data, dtype=np.uint8)     # numpy copies without the GIL
-        ten.received += len(data)
         self._validate_s += time.perf_counter() - t
 
     def finish(self) -> StagedWeights:
         """Check completeness and checksum, write the header: the file is then a safetensors file holding
-        exactly the received tensors. On any error the file is removed."""
+        exactly the received tensors. On any error the file is given up (discard)."""
         try:
             return self._finish()
         except BaseException:
@@ -204,12 +270,13 @@ class Stager:
             self._mm = None
 
     def discard(self) -> None:
-        """Remove the staging file (the push failed or was cut). Call once no add() is running."""
+        """Give up the staging file (the push failed or was cut): it becomes the spare. Call once no add()
+        is running."""
         try:
             self._close()
         except BufferError:        # a copy still holds the map: it is unmapped once that ends
             pass
-        self.path.unlink(missing_ok=True)
+        recycle(self.path, self.out_dir)
 
 
 def _header_json(entries: dict) -> bytes:

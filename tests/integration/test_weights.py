@@ -88,8 +88,18 @@ def _push_raw(client, messages):
 
 
 def _corrupt(policy, version, how):
+    trailer = how.startswith("trailer")
     msgs = list(push_stream({"model.norm.weight": policy.model.norm.weight, "lm_head.weight": policy.lm_head.weight},
-                            version, target=pb.TARGET_POLICY, partial=True))
+                            version, target=pb.TARGET_POLICY, partial=True,
+                            checksum="trailer" if trailer else "header"))
+    if how == "trailer_checksum":
+        msgs[-1].trailer.sha256 = "0" * 64
+    elif how == "trailer_missing":
+        msgs = msgs[:-1]
+    elif how == "trailer_not_last":
+        msgs = msgs[:-2] + [msgs[-1], msgs[-2]]
+    if trailer:
+        return msgs
     header, chunks = msgs[0], msgs[1:]
     if how == "name":
         chunks[0].chunk.name = "model.not_a_layer.weight"
@@ -119,6 +129,9 @@ def _corrupt(policy, version, how):
     ("no_header", grpc.StatusCode.INVALID_ARGUMENT, "first message must carry the header"),
     ("two_headers", grpc.StatusCode.INVALID_ARGUMENT, "only the first message"),
     ("not_partial", grpc.StatusCode.INVALID_ARGUMENT, "tensors are missing"),
+    ("trailer_checksum", grpc.StatusCode.INVALID_ARGUMENT, "sha256 mismatch"),
+    ("trailer_missing", grpc.StatusCode.INVALID_ARGUMENT, "no sha256"),
+    ("trailer_not_last", grpc.StatusCode.INVALID_ARGUMENT, "trailer must be the last message"),
 ])
 def test_bad_push_changes_nothing(service, client, policy, how, code, needle):
     before = client.status().policy_version

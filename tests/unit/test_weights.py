@@ -14,7 +14,7 @@ from rollout_service.engine.fake import FakeEngine
 from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.supervisor import Supervisor
-from rollout_service.weights.service import Chunk, Header, WeightService
+from rollout_service.weights.service import Chunk, Header, Trailer, WeightService
 
 ORIGINAL = {"a.weight": torch.zeros(4, 3), "b.bias": torch.ones(5, dtype=torch.bfloat16)}
 
@@ -40,6 +40,9 @@ async def push(svc, weights, version, **kw):
 
     async def chunks():
         for m in msgs[1:]:
+            if m.WhichOneof("item") == "trailer":
+                yield Trailer(m.trailer.sha256)
+                continue
             c = m.chunk
             yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
     return await svc.push(header, chunks())
@@ -211,6 +214,30 @@ def test_checksum_and_size_are_checked(setup):
     asyncio.run(main())
 
 
+def test_checksum_in_the_trailer(setup):
+    """The sha256 may come last (the client hashes while it streams): exactly one of header and trailer
+    carries it, a wrong one fails like a wrong header checksum, and none at all is refused."""
+    async def main():
+        pool, svc = await setup()
+        data = torch.ones(4, 3).numpy().tobytes()
+        good = hashlib.sha256(data).hexdigest()
+
+        def stream(trailer):
+            async def gen():
+                yield Chunk("a.weight", "float32", (4, 3), 0, data)
+                if trailer is not None:
+                    yield Trailer(trailer)
+            return gen()
+        for header_sha, trailer, needle in [("", "0" * 64, "sha256 mismatch"), ("", None, "no sha256"),
+                                            (good, good, "came twice"), ("", "xyz", "64 hex")]:
+            with pytest.raises(ServiceError, match=needle):
+                await svc.push(Header(1, "policy", len(data), header_sha, "wait", True), stream(trailer))
+        assert all(not e.events for e in pool.engines) and pool.policy_version == 0
+        out = await svc.push(Header(1, "policy", len(data), "", "wait", True), stream(good))
+        assert out.version == 1 and pool.policy_version == 1
+    asyncio.run(main())
+
+
 def test_concurrent_pushes_serialize_and_stale_ones_fail(setup):
     async def main():
         pool, svc = await setup()
@@ -364,10 +391,13 @@ def test_staging_file_is_the_safetensors_format(tmp_path, dtype):
             assert got.dtype == dtype and got.shape == t.shape and torch.equal(got, t)
 
 
-def test_failed_or_cut_staging_leaves_no_file(tmp_path):
-    """A checksum mismatch, an incomplete tensor or a push abandoned mid-stream removes the staging file."""
+def test_failed_or_cut_staging_leaves_only_the_spare(tmp_path):
+    """A checksum mismatch, an incomplete tensor or a push abandoned mid-stream gives up its staging file:
+    at most one file stays, the spare, and the next push stages into it (its stale bytes overwritten)."""
+    from safetensors import safe_open
+
     from rollout_service.weights.manifest import Manifest, TensorSpec
-    from rollout_service.weights.staging import Stager
+    from rollout_service.weights.staging import SPARE_NAME, Stager
 
     manifest = Manifest({"w": TensorSpec("float32", (4,))}, frozenset(), "float32")
     data = torch.arange(4, dtype=torch.float32).numpy().tobytes()
@@ -376,7 +406,9 @@ def test_failed_or_cut_staging_leaves_no_file(tmp_path):
     bad.add("w", "float32", (4,), 0, data)
     with pytest.raises(ServiceError, match="sha256 mismatch"):
         bad.finish()
+    assert [p.name for p in tmp_path.iterdir()] == [SPARE_NAME]
     short = Stager(manifest, 8, hashlib.sha256(data[:8]).hexdigest(), False, tmp_path)
+    assert short.recycled_bytes > 0
     short.add("w", "float32", (4,), 0, data[:8])
     with pytest.raises(ServiceError, match="incomplete"):
         short.finish()
@@ -384,7 +416,35 @@ def test_failed_or_cut_staging_leaves_no_file(tmp_path):
     cut.add("w", "float32", (4,), 0, data[:8])
     assert len(list(tmp_path.iterdir())) == 1
     cut.discard()
-    assert not list(tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == [SPARE_NAME]
+    new = torch.full((4,), 7.0).numpy().tobytes()
+    again = Stager(manifest, len(new), hashlib.sha256(new).hexdigest(), False, tmp_path)
+    assert again.recycled_bytes > 0 and not (tmp_path / SPARE_NAME).exists()
+    again.add("w", "float32", (4,), 0, new)
+    staged = again.finish()
+    with safe_open(str(staged.path), "pt") as f:
+        assert torch.equal(f.get_tensor("w"), torch.full((4,), 7.0))
+
+
+def test_overlapping_chunks_are_refused(tmp_path):
+    """Chunks of a tensor may come in any order but must not overlap: otherwise byte counts could add up
+    with a gap left unwritten (stale bytes of a recycled staging file)."""
+    from rollout_service.weights.manifest import Manifest, TensorSpec
+    from rollout_service.weights.staging import Stager
+
+    manifest = Manifest({"w": TensorSpec("float32", (4,))}, frozenset(), "float32")
+    data = torch.arange(4, dtype=torch.float32).numpy().tobytes()
+    stager = Stager(manifest, 64, "0" * 64, False, tmp_path)
+    stager.add("w", "float32", (4,), 8, data[8:])
+    stager.add("w", "float32", (4,), 0, data[:8])
+    with pytest.raises(ServiceError, match="overlaps"):
+        stager.add("w", "float32", (4,), 4, data[4:8])
+    stager.discard()
+    again = Stager(manifest, 64, "0" * 64, False, tmp_path)
+    again.add("w", "float32", (4,), 0, data[:8])
+    with pytest.raises(ServiceError, match="overlaps"):
+        again.add("w", "float32", (4,), 0, data[:8])
+    again.discard()
 
 
 def test_start_up_sweeps_staging_left_by_dead_servers(tmp_path, monkeypatch):
