@@ -282,6 +282,44 @@ def test_dead_engine_fails_its_requests_as_retriable_and_comes_back_at_the_commi
     asyncio.run(main())
 
 
+def test_recycled_staging_never_overwrites_a_committed_value(setup):
+    """Superseded and failed pushes become the spare the next push stages into. A file still holding a
+    committed value (v1's b.bias after a partial v2) is never recycled: failed pushes that scribble into
+    the spare leave every overlay intact, and a restarted engine gets exactly the committed values."""
+    from rollout_service.weights import staging
+
+    async def main():
+        pool, svc = await setup()
+        one = {"a.weight": torch.full((4, 3), 1.0), "b.bias": torch.full((5,), 1.0, dtype=torch.bfloat16)}
+        await push(svc, one, 1)
+        await push(svc, {"a.weight": torch.full((4, 3), 2.0)}, 2, partial=True)
+
+        async def failed_push(version):
+            garbage = torch.full((5,), 9.0, dtype=torch.bfloat16).view(torch.uint8)
+            data = torch.full((4, 3), 9.0).numpy().tobytes() + garbage.numpy().tobytes()
+
+            async def chunks():
+                yield Chunk("a.weight", "float32", (4, 3), 0, data[:48])
+                yield Chunk("b.bias", "bfloat16", (5,), 0, data[48:])
+            with pytest.raises(ServiceError, match="sha256 mismatch"):
+                await svc.push(Header(version, "policy", len(data), "0" * 64, "wait", False), chunks())
+        await failed_push(3)
+        await push(svc, {"a.weight": torch.full((4, 3), 3.0)}, 3, partial=True)    # v2's file superseded
+        await failed_push(4)
+        root = staging.staging_root()
+        assert (root / staging.SPARE_NAME).exists() and not list(root.glob("*.safetensors"))
+        assert len(list((root / "committed" / "policy").glob("*.safetensors"))) == 2      # v1 (b.bias), v3 (a)
+        dead = pool.engines[0]
+        dead.kill()
+        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        assert sup.check() == ["e0"]
+        await asyncio.gather(*sup.restarting.values())
+        assert torch.equal(dead.weights["a.weight"], torch.full((4, 3), 3.0))
+        assert torch.equal(dead.weights["b.bias"], torch.full((5,), 1.0, dtype=torch.bfloat16))
+        assert dead.policy_version == 3
+    asyncio.run(main())
+
+
 def test_failing_restarts_back_off_and_keep_the_engine_out_of_service(setup):
     async def main():
         pool, svc = await setup()
