@@ -41,8 +41,7 @@ class CommitResult:
 
 
 class WeightCommitter:
-    def __init__(self, pool: EnginePool, checkpoints: dict[str, Path | None], state_dir: Path,
-                 spare_dir: Path | None = None):
+    def __init__(self, pool: EnginePool, checkpoints: dict[str, Path | None], state_dir: Path, spare_dir: Path):
         self.pool = pool
         self.spare_dir = spare_dir                # files no longer needed become the next push's staging file
         self.checkpoints = checkpoints            # target -> original checkpoint dir (None: no such target)
@@ -76,7 +75,7 @@ class WeightCommitter:
             finally:
                 if not keep_files:
                     for f in files:              # gone already if the commit moved them into its state
-                        self._drop(Path(f))
+                        recycle(Path(f), self.spare_dir)
         return await run_to_end(commit_owning_files(), "commit")
 
     async def _commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
@@ -179,14 +178,7 @@ class WeightCommitter:
         live = set(self.overlay[target].values())
         for old in folder.glob("*.safetensors"):
             if old not in live:
-                self._drop(old)
-
-    def _drop(self, path: Path) -> None:
-        """A file no engine reads any more: kept as the spare staging file (staging.recycle) or removed."""
-        if self.spare_dir is not None:
-            recycle(path, self.spare_dir)
-        else:
-            path.unlink(missing_ok=True)
+                recycle(old, self.spare_dir)      # no engine reads it any more
 
     async def _roll_back(self, engines, names: list[str], target: str) -> None:
         path = self._previous_values(names, target)

@@ -117,7 +117,7 @@ class WeightService:
             raise
         staged = await run_to_end(asyncio.to_thread(stager.finish), "staging write",
                                   orphaned=lambda st: st.discard())
-        # The committer owns the staged file from here: it keeps it on success and deletes it otherwise.
+        # The committer owns the staged file from here: it keeps it on success and recycles it otherwise.
         res = await self.committer.commit([staged.path], staged.names, header.version, header.target,
                                           header.mode, keep_files=False)
         return PushOutcome(res.version, header.target, len(staged.names), staged.num_bytes, staged.partial,

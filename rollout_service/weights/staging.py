@@ -121,11 +121,14 @@ class _Tensor:
     shape: tuple[int, ...]
     offset: int                               # in the staging file's data region
     nbytes: int
-    received: int = 0
     spans: list = field(default_factory=list)  # sorted [start, end) byte ranges received (no overlaps)
 
+    @property
+    def received(self) -> int:
+        return sum(end - start for start, end in self.spans)
+
     def cover(self, start: int, end: int, name: str) -> None:
-        """Record [start, end): refuses a chunk overlapping one already received, so received == nbytes
+        """Record [start, end): refuses a chunk overlapping one already received, so `received` == nbytes
         means every byte was written (a recycled staging file holds stale bytes in any gap)."""
         spans = self.spans
         i = bisect.bisect_left(spans, (start, end))
@@ -135,7 +138,6 @@ class _Tensor:
             spans[i - 1] = (spans[i - 1][0], end)
         else:
             spans.insert(i, (start, end))
-        self.received += end - start
 
 
 @dataclass
@@ -150,7 +152,8 @@ class StagedWeights:
     validate_s: float
 
     def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """Given up before the committer took it (the push was cancelled while staging): the spare."""
+        recycle(self.path, self.path.parent)
 
 
 class Stager:
