@@ -2,16 +2,20 @@
 
     .venv/bin/python bench/speculation.py [--draft-model DIR] [--eagle3-head DIR]
                                           [--methods draft_model,eagle3,ngram] [--ks 1,2,3,5]
-                                          [--concurrency 1,8,32] [--max-tokens 256] [--singles 6]
+                                          [--concurrency 1,8,32] [--max-tokens 256] [--samples-per-slot 6]
 
-Workload: prompts from the trainer example's task (chat template), groups of 4 samples (concurrency 1
-runs `--singles` single samples one after another), up to 256 new tokens, temperature 1.0, natural EOS.
-Same engine settings, prompts and seeds for every configuration. For each (method, k, concurrency):
-throughput ratio against the plain engine, acceptance rate a, mean acceptance length, the drafter's measured cost c, and the
-analytical speedup bound (1 - a^(k+1)) / ((1 - a)(1 + c k)). c is one drafter step over one target step:
-for the draft model both run as plain vLLM engines at the same concurrency; an EAGLE-3 head cannot run
-alone in vLLM, so its c is one head step over one target forward, both timed in PyTorch in this process at
-the same batch (it leaves out vLLM's per-step overhead of drafting); 0 for n-gram.
+Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to 256 new
+tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one
+is replaced by the next sample) until max(16, C * --samples-per-slot) samples finished, so a batch does not
+drain to its longest sample and the measurement covers thousands of tokens. Same engine settings, prompts
+and seeds for every configuration. For each (method, k, concurrency): the throughput ratio against the
+plain engine, vLLM's acceptance rate (accepted / drafted), the mean acceptance length L, the per-token
+acceptance a solved from L (rollout_service/speculation/speedup.py: accepted / drafted is not a when k > 1),
+the drafter's measured cost c, the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)), and a speculative
+step's measured time over a plain step (the bound assumes 1 + c k). c is one drafter step over one target
+step: for the draft model both run as plain vLLM engines at the same concurrency; an EAGLE-3 head cannot
+run alone in vLLM, so its c is one head step over one target forward, both timed in PyTorch in this process
+at the same batch (it leaves out vLLM's per-step overhead of drafting); 0 for n-gram.
 """
 from __future__ import annotations
 
@@ -23,13 +27,30 @@ import time
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def bound(a: float, k: int, c: float) -> float:
-    if a >= 1.0:
-        return (k + 1) / (1 + c * k)
-    return (1 - a ** (k + 1)) / ((1 - a) * (1 + c * k))
+async def held(eng, prompts, c: int, n: int, max_tokens: int) -> tuple[list, float]:
+    """`n` samples with `c` of them in flight at all times (until fewer than c are left): (results, wall s)."""
+    from tqdm import tqdm
+
+    from rollout_service.engine.types import SeqRequest
+
+    todo = iter(range(n))                  # sample j: prompt j // 4, so a group's samples run together
+    results = []
+    bar = tqdm(total=n, desc=f"    concurrency {c}", unit="sample", leave=False)
+
+    async def slot():
+        for j in todo:
+            results.append(await eng.generate(SeqRequest(
+                seq_id=f"c{c}-{j}-{time.monotonic_ns()}", prompt_token_ids=prompts[j // 4], temperature=1.0,
+                max_tokens=max_tokens, seed=1000 + j)))
+            bar.update()
+    t = time.perf_counter()
+    await asyncio.gather(*(slot() for _ in range(c)))
+    wall = time.perf_counter() - t
+    bar.close()
+    return results, wall
 
 
-async def run_config(model: str, spec, prompts, concurrency: list[int], max_tokens: int, singles: int) -> dict:
+async def run_config(model: str, spec, prompts, concurrency: list[int], max_tokens: int, per_slot: int) -> dict:
     from rollout_service.config import EngineConfig
     from rollout_service.engine.types import SeqRequest
     from rollout_service.engine.vllm_engine import VllmEngine
@@ -40,25 +61,15 @@ async def run_config(model: str, spec, prompts, concurrency: list[int], max_toke
     try:
         await eng.generate(SeqRequest(seq_id="warm", prompt_token_ids=prompts[0], max_tokens=8))
         for c in concurrency:
-            if c == 1:
-                batches = [[(p, 0)] for p in range(singles)]    # single samples, one after the other
-            else:
-                batches = [[(p, s) for p in range(c // 4) for s in range(4)]]
-            tokens = drafted = accepted = steps = 0
-            t = time.perf_counter()
-            for b in batches:
-                res = await asyncio.gather(*(eng.generate(SeqRequest(
-                    seq_id=f"c{c}-{p}-{s}-{time.monotonic_ns()}", prompt_token_ids=prompts[p], temperature=1.0,
-                    max_tokens=max_tokens, seed=1000 * p + s)) for p, s in b))
-                for r in res:
-                    tokens += len(r.token_ids)
-                    drafted += r.num_drafted
-                    accepted += r.num_accepted
-                    steps += r.spec_steps
-            wall = time.perf_counter() - t
-            out[c] = dict(tok_s=tokens / wall, a=accepted / drafted if drafted else 0.0,
-                          mal=1 + accepted / steps if steps else 1.0, tokens=tokens)
-            print(f"    concurrency {c:>2}: {tokens} tokens, {tokens / wall:6.1f} tok/s", flush=True)
+            n = max(16, c * per_slot)
+            results, wall = await held(eng, prompts, c, n, max_tokens)
+            tokens = sum(len(r.token_ids) for r in results)
+            drafted = sum(r.num_drafted for r in results)
+            accepted = sum(r.num_accepted for r in results)
+            steps = sum(r.spec_steps for r in results)
+            out[c] = {"tok_s": tokens / wall, "rate": accepted / drafted if drafted else 0.0,
+                      "mal": 1 + accepted / steps if steps else 1.0}
+            print(f"    concurrency {c:>2}: {n} samples, {tokens} tokens, {tokens / wall:6.1f} tok/s", flush=True)
     finally:
         await eng.shutdown()
     return out
@@ -99,7 +110,8 @@ def main() -> None:
     ap.add_argument("--ngram-ks", default="3", help="k values for ngram (it rarely proposes on this task)")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--singles", type=int, default=6, help="samples run one after another at concurrency 1")
+    ap.add_argument("--samples-per-slot", type=int, default=6,
+                    help="samples measured per concurrent sequence (at least 16 in all)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -107,22 +119,23 @@ def main() -> None:
     from rollout_service.cli import resolve_model
     from rollout_service.config import SpeculationConfig
     from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
+    from rollout_service.speculation.speedup import per_token_acceptance, speedup_bound, step_cost
 
     model = resolve_model(args.model)
     drafter = args.draft_model or str(default_drafter_dir("draft_model"))
     head = args.eagle3_head or str(default_drafter_dir("eagle3"))
     conc = [int(x) for x in args.concurrency.split(",")]
-    prompts = task_prompts(AutoTokenizer.from_pretrained(model), max(max(conc) // 4, args.singles),
-                           start=50_000)
+    n_samples = max(16, max(conc) * args.samples_per_slot)
+    prompts = task_prompts(AutoTokenizer.from_pretrained(model), (n_samples + 3) // 4, start=50_000)
     print(f"target {model}\ndrafter {drafter}\nEAGLE-3 head {head}\nconcurrency {conc}, max_tokens {args.max_tokens}, temperature 1.0")
 
     print("plain target:", flush=True)
-    plain = asyncio.run(run_config(model, SpeculationConfig(), prompts, conc, args.max_tokens, args.singles))
+    plain = asyncio.run(run_config(model, SpeculationConfig(), prompts, conc, args.max_tokens, args.samples_per_slot))
     methods = args.methods.split(",")
     cost = {m: {c: 0.0 for c in conc} for m in methods}
     if "draft_model" in methods:
         print("drafter alone (for its cost c):", flush=True)
-        alone = asyncio.run(run_config(drafter, SpeculationConfig(), prompts, conc, args.max_tokens, args.singles))
+        alone = asyncio.run(run_config(drafter, SpeculationConfig(), prompts, conc, args.max_tokens, args.samples_per_slot))
         cost["draft_model"] = {c: plain[c]["tok_s"] / alone[c]["tok_s"] for c in conc}   # step time ratio
     if "eagle3" in methods:
         cost["eagle3"] = eagle3_cost(model, head, conc)
@@ -136,17 +149,19 @@ def main() -> None:
                                      model={"draft_model": drafter, "eagle3": head}.get(method, ""),
                                      prompt_lookup_min=2, prompt_lookup_max=5)
             print(f"{method} k={k}:", flush=True)
-            res = asyncio.run(run_config(model, spec, prompts, conc, args.max_tokens, args.singles))
+            res = asyncio.run(run_config(model, spec, prompts, conc, args.max_tokens, args.samples_per_slot))
             for c in conc:
-                cc = cost[method][c]
-                r = res[c]
-                b = bound(r["a"], k, cc)
-                rows.append((method, k, c, plain[c]["tok_s"], r["tok_s"], r["tok_s"] / plain[c]["tok_s"], r["a"],
-                             r["mal"], cc, b))
-    print("\nmethod       k  conc  plain tok/s  spec tok/s  speedup  accept a  mean acc len  cost c  bound  speedup/bound")
-    for m, k, c, p, s, ratio, a, mal, cc, b in rows:
-        print(f"{m:<12} {k:>1} {c:>5} {p:>12.1f} {s:>11.1f} {ratio:>8.2f} {a:>9.3f} {mal:>13.2f} {cc:>7.2f} "
-              f"{b:>6.2f} {ratio / b:>14.2f}")
+                r, p = res[c], plain[c]["tok_s"]
+                a = per_token_acceptance(r["mal"], k)
+                rows.append((method, k, c, p, r["tok_s"], r["tok_s"] / p, r["rate"], r["mal"], a, cost[method][c],
+                             speedup_bound(a, k, cost[method][c]), step_cost(r["mal"], p, r["tok_s"])))
+    # step: a speculative step's time over a plain step's (the bound assumes 1 + c k); effective c: (step - 1) / k,
+    # the drafter cost that --draft-cost should be given for GetStatus's expected speedup to match this run.
+    print("\nmethod       k  conc  plain tok/s  spec tok/s  speedup  accepted/drafted  mean acc len  per-token a"
+          "  cost c  bound  speedup/bound  step  (1+ck)  effective c")
+    for m, k, c, p, s, ratio, rate, mal, a, cc, b, st in rows:
+        print(f"{m:<12} {k:>1} {c:>5} {p:>12.1f} {s:>11.1f} {ratio:>8.2f} {rate:>17.3f} {mal:>13.2f} {a:>12.3f}"
+              f" {cc:>7.2f} {b:>6.2f} {ratio / b:>14.2f} {st:>5.2f} {1 + cc * k:>7.2f} {(st - 1) / k:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from rollout_service.weights.service import Header, PushOutcome
 from rollout_service.engine.base import EngineState
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedResult
+from rollout_service.speculation.speedup import expected_speedup
 
 FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
 STATE = {
@@ -38,7 +39,7 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
     for (pv, dv), c in sorted(t.spec.items()):
         rate = c.accepted / c.drafted if c.drafted else 0.0
         mean_len = 1.0 + c.accepted / c.steps if c.steps else 1.0
-        expected = mean_len / (1 + cost * k) if cost >= 0 and c.steps else 0.0
+        expected = expected_speedup(mean_len, k, cost) if cost >= 0 and c.steps else 0.0
         if cost >= 0 and c.steps and expected < 1.0 and (pv, dv) == (pool.policy_version, pool.draft_version):
             warnings.append(f"speculation is slowing generation: mean acceptance length {mean_len:.2f} with k={k} "
                             f"and drafter cost {cost:.2f} gives {expected:.2f}x; use a better drafter, a smaller k, "
