@@ -3,6 +3,7 @@
     .venv/bin/python bench/speculation.py [--draft-model DIR] [--eagle3-head DIR]
                                           [--methods draft_model,eagle3,ngram] [--ks 1,2,3,5]
                                           [--concurrency 1,8,32] [--max-tokens 256] [--samples-per-slot 6]
+                                          [--k-by-batch-size 1-1:3,2-8:1,9-:0]
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to 256 new
 tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one
@@ -16,6 +17,9 @@ step's measured time over a plain step (the bound assumes 1 + c k). c is one dra
 step: for the draft model both run as plain vLLM engines at the same concurrency; an EAGLE-3 head cannot
 run alone in vLLM, so its c is one head step over one target forward, both timed in PyTorch in this process
 at the same batch (it leaves out vLLM's per-step overhead of drafting); 0 for n-gram.
+With --k-by-batch-size, each method also runs once with that schedule (engine.speculation.k_by_batch_size:
+k chosen per step by the engine's batch size, 0 = no drafting): rows with k `dyn`, whose bound uses the
+drafts per verify step measured in the run and which show what the service does where speculation loses.
 """
 from __future__ import annotations
 
@@ -68,7 +72,7 @@ async def run_config(model: str, spec, prompts, concurrency: list[int], max_toke
             accepted = sum(r.num_accepted for r in results)
             steps = sum(r.spec_steps for r in results)
             out[c] = {"tok_s": tokens / wall, "rate": accepted / drafted if drafted else 0.0,
-                      "mal": 1 + accepted / steps if steps else 1.0}
+                      "mal": 1 + accepted / steps if steps else 1.0, "k": drafted / steps if steps else 0.0}
             print(f"    concurrency {c:>2}: {n} samples, {tokens} tokens, {tokens / wall:6.1f} tok/s", flush=True)
     finally:
         await eng.shutdown()
@@ -112,12 +116,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--samples-per-slot", type=int, default=6,
                     help="samples measured per concurrent sequence (at least 16 in all)")
+    ap.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...",
+                    help="also run each method with this k schedule (as `serve --k-by-batch-size`)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
 
     from rollout_service.cli import resolve_model
-    from rollout_service.config import SpeculationConfig
+    from rollout_service.config import SpeculationConfig, parse_k_schedule
     from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
     from rollout_service.speculation.speedup import per_token_acceptance, speedup_bound, step_cost
 
@@ -141,27 +147,33 @@ def main() -> None:
         cost["eagle3"] = eagle3_cost(model, head, conc)
         print("EAGLE-3 head step / target step (PyTorch): "
               + ", ".join(f"{c}: {v:.3f}" for c, v in cost["eagle3"].items()), flush=True)
+    schedule = parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else []
     rows = []
     for method in methods:
         ks = [int(k) for k in (args.ks if method != "ngram" else args.ngram_ks).split(",")]
-        for k in ks:
-            spec = SpeculationConfig(method=method, num_speculative_tokens=k,
+        configs = [(k, []) for k in ks] + ([(max(r[2] for r in schedule), schedule)] if schedule else [])
+        for k, sched in configs:
+            spec = SpeculationConfig(method=method, num_speculative_tokens=k, k_by_batch_size=sched,
                                      model={"draft_model": drafter, "eagle3": head}.get(method, ""),
                                      prompt_lookup_min=2, prompt_lookup_max=5)
-            print(f"{method} k={k}:", flush=True)
+            print(f"{method} k={k}{f' by batch size {args.k_by_batch_size}' if sched else ''}:", flush=True)
             res = asyncio.run(run_config(model, spec, prompts, conc, args.max_tokens, args.samples_per_slot))
             for c in conc:
                 r, p = res[c], plain[c]["tok_s"]
-                a = per_token_acceptance(r["mal"], k)
-                rows.append((method, k, c, p, r["tok_s"], r["tok_s"] / p, r["rate"], r["mal"], a, cost[method][c],
-                             speedup_bound(a, k, cost[method][c]), step_cost(r["mal"], p, r["tok_s"])))
+                kk = r["k"] if sched else k          # drafts per verify step (0: the schedule drafted nothing)
+                a = per_token_acceptance(r["mal"], max(1, round(kk))) if kk else 0.0
+                # k 0: no drafts, but the drafter still runs its first pass each step (keeps its KV cache in sync)
+                bound = speedup_bound(a, max(1, round(kk)), cost[method][c]) if kk else 1 / (1 + cost[method][c])
+                rows.append((method, "dyn" if sched else str(k), c, p, r["tok_s"], r["tok_s"] / p, r["rate"],
+                             r["mal"], a, cost[method][c], bound, step_cost(r["mal"], p, r["tok_s"]), kk))
     # step: a speculative step's time over a plain step's (the bound assumes 1 + c k); effective c: (step - 1) / k,
     # the drafter cost that --draft-cost should be given for GetStatus's expected speedup to match this run.
-    print("\nmethod       k  conc  plain tok/s  spec tok/s  speedup  accepted/drafted  mean acc len  per-token a"
+    print("\nmethod         k  conc  plain tok/s  spec tok/s  speedup  accepted/drafted  mean acc len  per-token a"
           "  cost c  bound  speedup/bound  step  (1+ck)  effective c")
-    for m, k, c, p, s, ratio, rate, mal, a, cc, b, st in rows:
-        print(f"{m:<12} {k:>1} {c:>5} {p:>12.1f} {s:>11.1f} {ratio:>8.2f} {rate:>17.3f} {mal:>13.2f} {a:>12.3f}"
-              f" {cc:>7.2f} {b:>6.2f} {ratio / b:>14.2f} {st:>5.2f} {1 + cc * k:>7.2f} {(st - 1) / k:>12.2f}")
+    for m, k, c, p, s, ratio, rate, mal, a, cc, b, st, kk in rows:
+        eff = f"{(st - 1) / kk:>12.2f}" if kk else f"{'-':>12}"
+        print(f"{m:<12} {k:>3} {c:>5} {p:>12.1f} {s:>11.1f} {ratio:>8.2f} {rate:>17.3f} {mal:>13.2f} {a:>12.3f}"
+              f" {cc:>7.2f} {b:>6.2f} {ratio / b:>14.2f} {st:>5.2f} {1 + cc * kk:>7.2f} {eff}")
 
 
 if __name__ == "__main__":

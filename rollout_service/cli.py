@@ -44,6 +44,9 @@ def _serve_args(sub) -> None:
     p.add_argument("--draft-model", help="drafter directory for draft_model / eagle3")
     p.add_argument("--num-speculative-tokens", type=int, help="k, tokens drafted per step (default 3)")
     p.add_argument("--draft-sampling", choices=["probabilistic", "greedy"], help="how the drafter samples")
+    p.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...",
+                   help="k by the engine's running sequences, e.g. 1-8:3,9-16:1,17-:0 (k 0: no drafting there; "
+                        "default: k at every batch size)")
     p.add_argument("--draft-cost", type=float, help="drafter step / target step, as bench/speculation.py measures "
                                                       "it; enables the expected-speedup estimate and warning")
 
@@ -80,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--draft-model", help="drafter directory (draft_model, eagle3)")
     v.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     v.add_argument("--draft-sampling", default="probabilistic", choices=["probabilistic", "greedy"])
+    v.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...", help="k by batch size, as for serve")
     v.add_argument("--samples", type=int, default=400, help="samples per prompt per side")
     v.add_argument("--max-tokens", type=int, default=4, help="continuation length tested")
     v.add_argument("--temperature", type=float, default=1.0)
@@ -105,10 +109,11 @@ def resolve_model(model: str | None) -> str:
 
 
 def cmd_serve(args) -> int:
-    from rollout_service.config import ConfigError, load_config
+    from rollout_service.config import ConfigError, load_config, parse_k_schedule
     from rollout_service.server.app import serve
 
     try:
+        k_schedule = parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else None
         cfg = load_config(args.config, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                           engines=args.engines, max_queue=args.max_queue, max_new_tokens=args.max_new_tokens,
                           max_message_mb=args.max_message_mb,
@@ -121,6 +126,7 @@ def cmd_serve(args) -> int:
                              "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
                              "engine.speculation.draft_sampling": args.draft_sampling,
                              "engine.speculation.draft_cost": args.draft_cost,
+                             "engine.speculation.k_by_batch_size": k_schedule,
                              "security.token_file": args.token_file, "security.admin_token_file": args.admin_token_file,
                              "security.tls_cert": args.tls_cert, "security.tls_key": args.tls_key,
                              "security.tls_client_ca": args.tls_client_ca,
@@ -140,15 +146,24 @@ def cmd_serve(args) -> int:
 
 
 def cmd_verify_lossless(args) -> int:
-    from rollout_service.config import SpeculationConfig
+    from rollout_service.config import ConfigError, load_config, parse_k_schedule
     from rollout_service.model_info import ModelInfo
     from rollout_service.speculation.lossless import check_lossless
 
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
     prompts = [info.encode(p, chat=True) for p in args.prompts]
-    spec = SpeculationConfig(method=args.method, model=args.draft_model or "",
-                             num_speculative_tokens=args.num_speculative_tokens, draft_sampling=args.draft_sampling)
+    try:
+        spec = load_config(**{"engine.speculation.method": args.method,
+                              "engine.speculation.model": args.draft_model,
+                              "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
+                              "engine.speculation.draft_sampling": args.draft_sampling,
+                              "engine.speculation.k_by_batch_size":
+                                  parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else None,
+                              }).engine.speculation
+    except ConfigError as e:
+        print(f"rollout-service: {e}", file=sys.stderr)
+        return 2
     report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha)
     print(report.render())

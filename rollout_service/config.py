@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 
 import msgspec
-
 
 SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "mtp")
 
@@ -21,6 +21,10 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     method: str = "none"              # none | draft_model | eagle3 | ngram | mtp
     model: str = ""                   # drafter directory (draft_model, eagle3)
     num_speculative_tokens: int = 3   # k: tokens drafted per step
+    # k by the engine's batch size (vLLM's dynamic speculative decoding): [first, last, k] ranges of running
+    # sequences, the first starting at 1, each k <= num_speculative_tokens; k = 0 turns drafting off for that
+    # range (where verifying costs more than it gains). [] drafts k at every batch size.
+    k_by_batch_size: list[tuple[int, int, int]] = msgspec.field(default_factory=list)
     draft_sampling: str = "probabilistic"   # probabilistic | greedy drafting (draft_model, eagle3, mtp)
     prompt_lookup_min: int = 2        # ngram only
     prompt_lookup_max: int = 5        # ngram only
@@ -129,6 +133,34 @@ def load_config(path: str | os.PathLike | None = None, **overrides) -> ServerCon
     return cfg
 
 
+OPEN_BATCH = 1 << 20      # "and above" in a k_by_batch_size range (vLLM clamps ranges to max_num_seqs)
+
+
+def parse_k_schedule(text: str) -> list[tuple[int, int, int]]:
+    """`1-4:3,5-16:1,17-:0` (batch sizes first-last, an open last; then k) -> [(1, 4, 3), (5, 16, 1), (17, OPEN, 0)]."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"(\d+)-(\d*):(\d+)", part)
+        if not m:
+            raise ConfigError(f"k_by_batch_size: {part!r} is not FIRST-LAST:K (for example 1-8:3 or 9-:0)")
+        out.append((int(m[1]), int(m[2]) if m[2] else OPEN_BATCH, int(m[3])))
+    return out
+
+
+def _k_schedule_rules(schedule, k: int) -> list[tuple[bool, str]]:
+    rules, after = [], 0
+    for first, last, kk in schedule:
+        where = f"engine.speculation.k_by_batch_size range [{first}, {last}, {kk}]"
+        rules += [(1 <= first <= last, f"{where}: need 1 <= first <= last"),
+                  (first > after, f"{where}: ranges must be sorted and must not overlap"),
+                  (0 <= kk <= k, f"{where}: k must be in [0, num_speculative_tokens={k}]")]
+        after = last
+    if schedule:
+        rules.append((schedule[0][0] == 1,
+                      "engine.speculation.k_by_batch_size: the first range must start at batch size 1"))
+    return rules
+
+
 def _check(cfg: ServerConfig) -> None:
     rules = [
         (cfg.engines >= 1, "engines must be >= 1"),
@@ -163,7 +195,10 @@ def _check(cfg: ServerConfig) -> None:
          "engine.speculation: need 1 <= prompt_lookup_min <= prompt_lookup_max"),
         (sp.method not in ("draft_model", "eagle3") or sp.model,
          f"engine.speculation.model: method {sp.method} needs a drafter directory"),
+        (not sp.k_by_batch_size or sp.method != "none",
+         "engine.speculation.k_by_batch_size needs a speculation method"),
     ]
+    rules += _k_schedule_rules(sp.k_by_batch_size, sp.num_speculative_tokens)
     for ok, msg in rules:
         if not ok:
             raise ConfigError(msg)

@@ -86,6 +86,8 @@ def speculative_config(sp) -> dict | None:
         out["draft_sample_method"] = sp.draft_sampling
     if sp.method == "ngram":
         out.update(prompt_lookup_min=sp.prompt_lookup_min, prompt_lookup_max=sp.prompt_lookup_max)
+    if sp.k_by_batch_size:     # vLLM's dynamic speculative decoding: the scheduler picks k by batch size per step
+        out["num_speculative_tokens_per_batch_size"] = [list(r) for r in sp.k_by_batch_size]
     return out
 
 

@@ -39,10 +39,12 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
     for (pv, dv), c in sorted(t.spec.items()):
         rate = c.accepted / c.drafted if c.drafted else 0.0
         mean_len = 1.0 + c.accepted / c.steps if c.steps else 1.0
-        expected = expected_speedup(mean_len, k, cost) if cost >= 0 and c.steps else 0.0
+        drafts = c.drafted / c.steps if c.steps else k     # k per verify step, or less under k_by_batch_size
+        expected = expected_speedup(mean_len, drafts, cost) if cost >= 0 and c.steps else 0.0
         if cost >= 0 and c.steps and expected < 1.0 and (pv, dv) == (pool.policy_version, pool.draft_version):
-            warnings.append(f"speculation is slowing generation: mean acceptance length {mean_len:.2f} with k={k} "
-                            f"and drafter cost {cost:.2f} gives {expected:.2f}x; use a better drafter, a smaller k, "
+            warnings.append(f"speculation is slowing generation: mean acceptance length {mean_len:.2f} with "
+                            f"{drafts:.2g} drafts per step and drafter cost {cost:.2f} gives {expected:.2f}x; use a "
+                            "better drafter, a smaller k, k 0 at the batch sizes where it loses (k_by_batch_size), "
                             "or no speculation")
         spec.append(pb.SpeculationStats(
             policy_version=pv, draft_version=dv, num_drafted=c.drafted, num_accepted=c.accepted,

@@ -54,6 +54,50 @@ def test_check_fails_on_a_temperature_mismatch(tiny_model, drafter, plain):
     assert not report.passed_distribution
 
 
+def test_k_by_batch_size_is_lossless(tiny_model, drafter, plain):
+    """vLLM's dynamic speculative decoding: k changes from step to step with the batch (2 while the check's
+    64 sequences run, 0 and then 3 as they drain). Samples must still follow the plain distribution."""
+    from rollout_service.config import OPEN_BATCH
+
+    sp = SpeculationConfig(method="draft_model", model=str(drafter), num_speculative_tokens=3,
+                           k_by_batch_size=[(1, 16, 3), (17, 40, 0), (41, OPEN_BATCH, 2)])
+    report = check_lossless(str(tiny_model), sp, PROMPTS, plain=plain, **ARGS)
+    print(report.render())
+    assert report.passed, report.render()
+    assert report.acceptance_rate > 0.05
+
+
+def test_k_by_batch_size_drafts_by_batch(tiny_model, drafter):
+    """One sequence drafts k = 3 per step; twelve at once fall in the k = 0 range and draft (almost) nothing."""
+    import asyncio
+
+    from rollout_service.config import OPEN_BATCH, EngineConfig
+    from rollout_service.engine.types import SeqRequest
+    from rollout_service.engine.vllm_engine import VllmEngine
+
+    sp = SpeculationConfig(method="draft_model", model=str(drafter), num_speculative_tokens=3,
+                           k_by_batch_size=[(1, 1, 3), (2, 6, 1), (7, OPEN_BATCH, 0)])
+
+    async def run():
+        eng = VllmEngine("ksched", str(tiny_model), EngineConfig(max_model_len=256, kv_cache_gb=1, dtype="float32",
+                                                                  speculation=sp))
+        await eng.start()
+        try:
+            def req(i):
+                return SeqRequest(seq_id=f"k-{i}", prompt_token_ids=PROMPTS[i % 2], max_tokens=32, ignore_eos=True,
+                                  seed=i)
+            one = await eng.generate(req(0))
+            many = await asyncio.gather(*(eng.generate(req(1 + i)) for i in range(12)))
+            return one, many
+        finally:
+            await eng.shutdown()
+
+    one, many = asyncio.run(run())
+    assert one.spec_steps > 5 and one.num_drafted >= 2.5 * one.spec_steps, (one.num_drafted, one.spec_steps)
+    drafted = sum(r.num_drafted for r in many)
+    assert drafted <= 0.1 * sum(len(r.token_ids) for r in many), [(r.num_drafted, r.spec_steps) for r in many]
+
+
 @pytest.fixture(scope="module")
 def eagle3_head(tiny_model, tmp_path_factory):
     """An EAGLE-3 head for the tiny target, trained (seconds) with the code of `rollout-service

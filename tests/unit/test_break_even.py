@@ -28,3 +28,10 @@ def test_good_speculation_has_no_warning_and_unknown_cost_gives_no_estimate():
     assert st.speculation[0].expected_speedup > 2.6 and not st.warnings
     st = status_to_proto(pool, "m", 10, 100, "draft_model", 3)
     assert st.speculation[0].expected_speedup == 0.0 and not st.warnings
+
+
+def test_expected_speedup_counts_the_drafts_actually_made_under_a_k_schedule():
+    """k_by_batch_size drafts fewer than k per step at some batch sizes: the estimate uses drafts per step."""
+    pool = pool_with(accepted=5, drafted=10, steps=10)      # 1 draft per step although k = 3
+    st = status_to_proto(pool, "m", 10, 100, "eagle3", 3, draft_cost=0.1)
+    assert abs(st.speculation[0].expected_speedup - 1.5 / 1.1) < 1e-9 and not st.warnings

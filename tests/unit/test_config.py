@@ -49,3 +49,45 @@ def test_serve_with_bad_config_exits_2_with_message(tmp_path):
     r = subprocess.run([sys.executable, "-m", "rollout_service.cli", "serve", "--config", str(f)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "max_qeue" in r.stderr
+
+
+def test_k_by_batch_size_from_toml_reaches_vllm(tmp_path):
+    from rollout_service.engine.vllm_engine import speculative_config
+
+    f = tmp_path / "c.toml"
+    f.write_text('[engine.speculation]\nmethod = "ngram"\nnum_speculative_tokens = 3\n'
+                 'k_by_batch_size = [[1, 4, 3], [5, 16, 1], [17, 64, 0]]\n')
+    sp = load_config(f).engine.speculation
+    assert sp.k_by_batch_size == [(1, 4, 3), (5, 16, 1), (17, 64, 0)]
+    assert speculative_config(sp)["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 16, 1], [17, 64, 0]]
+    assert "num_speculative_tokens_per_batch_size" not in speculative_config(load_config(
+        **{"engine.speculation.method": "ngram"}).engine.speculation)
+
+
+def test_k_schedule_flag_syntax():
+    from rollout_service.config import OPEN_BATCH, parse_k_schedule
+
+    assert parse_k_schedule("1-4:3, 5-16:1,17-:0") == [(1, 4, 3), (5, 16, 1), (17, OPEN_BATCH, 0)]
+    for bad in ("1:3", "1-4", "a-4:3", "1-4:-1"):
+        with pytest.raises(ConfigError, match="FIRST-LAST:K"):
+            parse_k_schedule(bad)
+
+
+@pytest.mark.parametrize("schedule,needle", [
+    ([(2, 8, 3)], "must start at batch size 1"),
+    ([(1, 8, 3), (5, 16, 1)], "sorted and must not overlap"),
+    ([(1, 8, 4)], "k must be in [0, num_speculative_tokens=3]"),
+    ([(1, 8, 3), (9, 4, 1)], "1 <= first <= last"),
+])
+def test_bad_k_schedule_is_refused_with_the_range(schedule, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(**{"engine.speculation.method": "ngram", "engine.speculation.k_by_batch_size": schedule})
+    assert needle in str(e.value)
+    with pytest.raises(ConfigError, match="needs a speculation method"):
+        load_config(**{"engine.speculation.k_by_batch_size": [(1, 8, 3)]})
+
+
+def test_serve_rejects_a_malformed_k_schedule_flag():
+    r = subprocess.run([sys.executable, "-m", "rollout_service.cli", "serve", "--speculation", "ngram",
+                        "--k-by-batch-size", "1-8=3"], check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "1-8=3" in r.stderr and "FIRST-LAST:K" in r.stderr
