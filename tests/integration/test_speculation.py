@@ -67,6 +67,20 @@ def test_k_by_batch_size_is_lossless(tiny_model, drafter, plain):
     assert report.acceptance_rate > 0.05
 
 
+def test_verify_lossless_command_with_a_k_schedule(tiny_model, drafter):
+    """The command as a user runs it: exit 0 and the G-test table when lossless; exit 2 naming a bad range."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "rollout_service.cli", "verify-lossless", "--model", str(tiny_model),
+           "--method", "draft_model", "--draft-model", str(drafter), "-k", "3"]
+    r = subprocess.run(cmd + ["--k-by-batch-size", "1-8:3,9-:1", "--samples", "300", "--max-tokens", "2",
+                              "--top-k", "4"], check=False, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "RESULT: LOSSLESS" in r.stdout and "p-value" in r.stdout, r.stdout + r.stderr[-3000:]
+    r = subprocess.run(cmd + ["--k-by-batch-size", "1-8:4"], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "[1, 8, 4]" in r.stderr and "num_speculative_tokens=3" in r.stderr, r.stderr[-2000:]
+
+
 def test_k_by_batch_size_drafts_by_batch(tiny_model, drafter):
     """One sequence drafts k = 3 per step; twelve at once fall in the k = 0 range and draft (almost) nothing."""
     import asyncio
