@@ -161,9 +161,11 @@ def main() -> None:
             for c in conc:
                 r, p = res[c], plain[c]["tok_s"]
                 kk = r["k"] if sched else k          # drafts per verify step (0: the schedule drafted nothing)
-                a = per_token_acceptance(r["mal"], max(1, round(kk))) if kk else 0.0
-                # k 0: no drafts, but the drafter still runs its first pass each step (keeps its KV cache in sync)
-                bound = speedup_bound(a, max(1, round(kk)), cost[method][c]) if kk else 1 / (1 + cost[method][c])
+                kd = max(1, round(kk))               # whole drafts per step, for solving a and the bound
+                a = per_token_acceptance(r["mal"], kd) if kk else 0.0
+                # k 0: no drafts; the bound charges one drafter pass per step (vLLM's llm_base_proposer runs one
+                # to keep the drafter's KV cache in sync)
+                bound = speedup_bound(a, kd, cost[method][c]) if kk else 1 / (1 + cost[method][c])
                 rows.append((method, "dyn" if sched else str(k), c, p, r["tok_s"], r["tok_s"] / p, r["rate"],
                              r["mal"], a, cost[method][c], bound, step_cost(r["mal"], p, r["tok_s"]), kk))
     # step: a speculative step's time over a plain step's (the bound assumes 1 + c k); effective c: (step - 1) / k,

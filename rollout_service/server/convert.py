@@ -39,7 +39,7 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
     for (pv, dv), c in sorted(t.spec.items()):
         rate = c.accepted / c.drafted if c.drafted else 0.0
         mean_len = 1.0 + c.accepted / c.steps if c.steps else 1.0
-        drafts = c.drafted / c.steps if c.steps else k     # k per verify step, or less under k_by_batch_size
+        drafts = c.drafted / c.steps if c.steps else 0.0   # k per verify step, or less under k_by_batch_size
         expected = expected_speedup(mean_len, drafts, cost) if cost >= 0 and c.steps else 0.0
         if cost >= 0 and c.steps and expected < 1.0 and (pv, dv) == (pool.policy_version, pool.draft_version):
             warnings.append(f"speculation is slowing generation: mean acceptance length {mean_len:.2f} with "
