@@ -57,6 +57,7 @@ def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
 
     from rollout_client import RolloutClient
     from rollout_service.launcher import ServiceProcess
+    from rollout_service.models import cache_dir
 
     print(f"\n== engine.weight_reload = {reload}", flush=True)
     with ServiceProcess(model_dir, log_path=f"bench/results/weight_push-{reload}.log",
@@ -105,7 +106,9 @@ def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
         pause = statistics.median(pauses)
         print(f"PushWeights keep mode: median pause window {pause:.3f} s (goal < 0.5 s)")
 
-        with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as d:
+        # inside the service's cache directory: LoadWeights' default --weights-root
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as d:
             save_file(state, os.path.join(d, "model.safetensors"))
             lw = []
             for _ in range(repeats):

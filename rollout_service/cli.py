@@ -28,6 +28,9 @@ def _serve_args(sub) -> None:
     p.add_argument("--tls-client-ca", help="PEM CA that client certificates must chain to (mutual TLS)")
     p.add_argument("--allow-insecure-remote", action="store_true", default=None,
                    help="serve a non-loopback --host without authentication (trusted networks only)")
+    p.add_argument("--weights-root", action="append", metavar="DIR",
+                   help="a directory LoadWeights may read weights below (repeatable; default: the service's cache "
+                        "directory, $ROLLOUT_SERVICE_HOME or ~/.cache/rollout-service)")
     p.add_argument("--ray-address", help="run the engines as Ray actors on this cluster (auto: the local one)")
     p.add_argument("--ray-cpus-per-engine", type=float, help="CPUs reserved per engine actor (default 1)")
     p.add_argument("--ray-gpus-per-engine", type=int, help="GPUs per engine actor (GPU nodes; default 0)")
@@ -131,6 +134,7 @@ def cmd_serve(args) -> int:
                              "security.tls_cert": args.tls_cert, "security.tls_key": args.tls_key,
                              "security.tls_client_ca": args.tls_client_ca,
                              "security.allow_insecure_remote": args.allow_insecure_remote,
+                             "security.weights_roots": args.weights_root,
                              "ray.address": args.ray_address, "ray.cpus_per_engine": args.ray_cpus_per_engine,
                              "ray.gpus_per_engine": args.ray_gpus_per_engine,
                              "engine.tensor_parallel_size": args.tensor_parallel_size})

@@ -63,6 +63,9 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tls_key: str = ""                 # PEM private key
     tls_client_ca: str = ""           # PEM CA: when set, clients must present a certificate it signed (mTLS)
     allow_insecure_remote: bool = False   # serve a non-loopback address without authentication
+    # Directories LoadWeights may read below (symlinks followed); [] = the service's cache directory
+    # ($ROLLOUT_SERVICE_HOME, else ~/.cache/rollout-service), where prepared models and drafters live.
+    weights_roots: list[str] = msgspec.field(default_factory=list)
 
 
 class RayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -184,6 +187,8 @@ def _check(cfg: ServerConfig) -> None:
     rules += [
         (bool(sec.tls_cert) == bool(sec.tls_key), "security: tls_cert and tls_key go together"),
         (not sec.tls_client_ca or sec.tls_cert, "security.tls_client_ca needs tls_cert and tls_key (TLS)"),
+        (all(r and os.path.isabs(os.path.expanduser(r)) for r in sec.weights_roots),
+         "security.weights_roots: every root must be an absolute directory path"),
     ]
     sp = cfg.engine.speculation
     rules += [

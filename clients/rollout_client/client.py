@@ -76,7 +76,7 @@ class RolloutClient:
 
     def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
                      partial: bool = False, timeout: float | None = None) -> PushResult:
-        """Have the server load safetensors from `path` (a file or directory it can read)."""
+        """Have the server load safetensors from `path` (a file or directory below one of its --weights-root)."""
         req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
                                     target=pb.TARGET_DRAFTER if target == "drafter" else pb.TARGET_POLICY)
         return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))

@@ -67,6 +67,13 @@ def serving_dtype(cfg: ServerConfig, model_path: str) -> str:
     return dtype
 
 
+def weights_roots(cfg: ServerConfig) -> list[str]:
+    """Where LoadWeights may read: security.weights_roots, else the service's cache directory."""
+    from rollout_service.models import cache_dir
+
+    return list(cfg.security.weights_roots) or [str(cache_dir())]
+
+
 class RolloutServer:
     def __init__(self, cfg: ServerConfig, model: ModelInfo, factory: Callable[[str], Engine]):
         self.cfg = cfg
@@ -74,7 +81,8 @@ class RolloutServer:
         self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s)
         sp = cfg.engine.speculation
         drafter = sp.model if sp.method in ("draft_model", "eagle3") else None
-        self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path), drafter)
+        self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path), drafter,
+                                            weights_roots=weights_roots(cfg))
         self.creds = load_credentials(cfg.security, cfg.host)
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens)
         self.scaler = Scaler(self.pool, self.weights.committer, factory)
@@ -131,7 +139,8 @@ class RolloutServer:
         self._supervisor_task = asyncio.create_task(self.supervisor.run())
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %s (policy version %d)", self.servicer.model.path, self.pool.policy_version)
+        log.info("serving %s (policy version %d); LoadWeights reads only below %s", self.servicer.model.path,
+                 self.pool.policy_version, ", ".join(str(r) for r in self.weights.roots))
 
     def request_stop(self) -> None:
         self._stop.set()

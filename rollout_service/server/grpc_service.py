@@ -148,7 +148,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     async def LoadWeights(self, request: pb.LoadWeightsRequest, context) -> pb.PushResult:
         try:
             target, mode = target_and_mode(request.target, request.in_flight, "LoadWeights: request")
-            out = await self.weights.load(request.path, request.version, target, mode, request.partial)
+            out = await self.weights.load(request.path, request.version, target, mode, request.partial,
+                                          timeout=context.time_remaining())
         except ServiceError as e:
             await context.abort(e.code, e.message)
         return push_result_to_proto(out)

@@ -3,10 +3,12 @@ safetensors headers only; nothing is loaded)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_service.errors import invalid
+from rollout_service.weights.paths import open_regular
 
 # safetensors header dtype names <-> the names the contract uses
 ST_TO_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -72,8 +74,8 @@ def read_headers(files: list[Path]) -> dict[str, tuple[TensorSpec, int]]:
     out = {}
     for f in files:
         try:
-            size = f.stat().st_size
-            with open(f, "rb") as fh:
+            with open_regular(f) as fh:         # a FIFO or device named *.safetensors is refused, never read
+                size = os.fstat(fh.fileno()).st_size
                 n = int.from_bytes(fh.read(8), "little")
                 if size < 8 or n > min(size - 8, MAX_HEADER_BYTES):
                     raise ValueError("bad header length")

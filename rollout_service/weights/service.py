@@ -4,17 +4,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
-from rollout_service.errors import invalid
+import grpc
+
+from rollout_service.errors import ServiceError, invalid
 from rollout_service.weights.committer import WeightCommitter
-from rollout_service.weights.manifest import Manifest, read_headers, read_manifest, safetensors_files
+from rollout_service.weights.manifest import Manifest, read_headers, read_manifest
+from rollout_service.weights.paths import resolve_roots, weight_files
 from rollout_service.weights.shield import run_to_end
 from rollout_service.weights.staging import Stager, staging_root
 
 log = logging.getLogger(__name__)
+# LoadWeights' directory listings and header reads: threads of their own, so reads stuck on a stalled
+# filesystem can neither hold the event loop nor take the default executor's threads from pushes.
+FILE_IO = ThreadPoolExecutor(max_workers=4, thread_name_prefix="load-weights-io")
 
 
 @dataclass
@@ -63,12 +70,14 @@ def _check_sha256(value: str, where: str) -> None:
 
 
 class WeightService:
-    def __init__(self, committer: WeightCommitter, manifests: dict[str, Manifest]):
+    def __init__(self, committer: WeightCommitter, manifests: dict[str, Manifest], weights_roots: list[str]):
         self.committer = committer
         self.manifests = manifests
+        self.roots = resolve_roots(weights_roots)     # LoadWeights reads only below these
 
     @classmethod
-    def create(cls, pool, policy_dir: str, serving_dtype: str, drafter_dir: str | None = None) -> "WeightService":
+    def create(cls, pool, policy_dir: str, serving_dtype: str, drafter_dir: str | None = None, *,
+               weights_roots: list[str]) -> "WeightService":
         state = staging_root() / "committed"
         committer = WeightCommitter(pool, {"policy": Path(policy_dir),
                                            "drafter": Path(drafter_dir) if drafter_dir else None}, state,
@@ -76,7 +85,7 @@ class WeightService:
         manifests = {"policy": read_manifest(policy_dir, serving_dtype)}
         if drafter_dir:
             manifests["drafter"] = read_manifest(drafter_dir, serving_dtype)
-        return cls(committer, manifests)
+        return cls(committer, manifests, weights_roots)
 
     def _check_header(self, h: Header) -> None:
         if h.version <= 0:
@@ -124,21 +133,24 @@ class WeightService:
                            staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0,
                            res.prepare_s)
 
-    async def load(self, path: str, version: int, target: str, mode: str, partial: bool) -> PushOutcome:
-        """LoadWeights: validate the files' headers against the model, then commit them in place."""
+    async def load(self, path: str, version: int, target: str, mode: str, partial: bool,
+                   timeout: float | None = None) -> PushOutcome:
+        """LoadWeights: validate the files' headers against the model, then commit them in place.
+        timeout: the request's remaining deadline (s) for reading the files; None waits as long as the caller."""
         t0 = time.perf_counter()
         if version <= 0:
             raise invalid(f"version must be > 0, got {version}")
         self.committer.check_version(target, version)
+        # Listing and reading may block (a stalled shared filesystem): in FILE_IO's threads, under the
+        # deadline. Cancelled or timed out here, no lock was taken and nothing changed; a stuck read only
+        # keeps its own thread.
         try:
-            p = Path(path)
-            if not path or not p.exists():
-                raise invalid(f"path {path!r} does not exist on the server")
-            files = safetensors_files(p)
-            t_val = time.perf_counter()
-            headers = read_headers(files)
-        except (OSError, ValueError) as e:      # not found, unreadable, not safetensors, NUL in the path
-            raise invalid(f"LoadWeights: path {path!r}: {e}") from None
+            files, headers, t_val = await asyncio.wait_for(
+                asyncio.wrap_future(FILE_IO.submit(self._read, path)), timeout)
+        except TimeoutError:
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"LoadWeights: reading {path!r} outlasted the request's deadline ({timeout:.1f} s "
+                               "left); is its filesystem stalled? Nothing was changed") from None
         manifest = self.manifests[target]
         names, nbytes = [], 0
         for name, (found, size) in headers.items():
@@ -151,3 +163,12 @@ class WeightService:
         return PushOutcome(res.version, target, len(names), nbytes, missing, t_val - t0, validate_s,
                            res.apply_s, res.pause_s, time.perf_counter() - t0, res.prepare_s)
 
+    def _read(self, path: str):
+        """(files, headers, time the reads began): the regular safetensors files `path` names inside the
+        weights roots, and their headers. Blocking: runs in FILE_IO."""
+        files = weight_files(path, self.roots)
+        t_val = time.perf_counter()
+        try:
+            return files, read_headers(files), t_val
+        except (OSError, ValueError) as e:      # unreadable, not safetensors
+            raise invalid(f"LoadWeights: path {path!r}: {e}") from None

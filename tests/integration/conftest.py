@@ -32,7 +32,9 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def service(tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "service.log"
-    svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS, log_path=log)
+    # LoadWeights reads only below --weights-root: this session's temporary folders (tests write there)
+    roots = ["--weights-root", str(tmp_path_factory.getbasetemp())]
+    svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS + roots, log_path=log)
     try:
         svc.start()
     except Exception:

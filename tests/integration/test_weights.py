@@ -241,6 +241,27 @@ def test_load_weights_from_a_path(client, policy, tmp_path):
     assert client.status().policy_version == v
 
 
+def test_load_weights_reads_only_regular_files_inside_the_roots(client, tmp_path):
+    """A FIFO named *.safetensors is refused naming it (reading it would hold the server forever); paths
+    outside --weights-root are PERMISSION_DENIED naming the option; nothing changes, the service answers."""
+    import os
+
+    before = client.status().policy_version
+    os.mkfifo(tmp_path / "x.safetensors")
+    with pytest.raises(grpc.RpcError) as e:
+        client.load_weights(str(tmp_path), before + 1, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x.safetensors" in e.value.details()
+    assert "FIFO" in e.value.details()
+    os.symlink("/etc/hostname", tmp_path / "y.safetensors")
+    for path in ("/etc/hostname", "/dev/zero", str(tmp_path / "y.safetensors")):
+        with pytest.raises(grpc.RpcError) as e:
+            client.load_weights(path, before + 1, timeout=30)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, path
+        assert "--weights-root" in e.value.details()
+    assert client.status().policy_version == before
+    assert len(client.generate_all([[1, 2, 3]], max_tokens=2)[0]) == 1
+
+
 def test_concurrent_pushes_are_serialized(client, policy):
     base = client.status().policy_version
     results, errors = [], []

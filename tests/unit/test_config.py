@@ -91,3 +91,13 @@ def test_serve_rejects_a_malformed_k_schedule_flag():
     r = subprocess.run([sys.executable, "-m", "rollout_service.cli", "serve", "--speculation", "ngram",
                         "--k-by-batch-size", "1-8=3"], check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "1-8=3" in r.stderr and "FIRST-LAST:K" in r.stderr
+
+
+def test_weights_roots_must_be_absolute_and_the_flag_repeats():
+    from rollout_service.cli import build_parser
+
+    with pytest.raises(ConfigError, match="security.weights_roots"):
+        load_config(**{"security.weights_roots": ["relative/dir"]})
+    args = build_parser().parse_args(["serve", "--weights-root", "/a", "--weights-root", "/b"])
+    assert load_config(**{"security.weights_roots": args.weights_root}).security.weights_roots == ["/a", "/b"]
+    assert load_config().security.weights_roots == []        # the cache directory (server.app.weights_roots)

@@ -29,7 +29,7 @@ def setup(tmp_path):
     async def make(engines=2):
         pool = EnginePool([FakeEngine(f"e{i}") for i in range(engines)], max_queue=10)
         await pool.start()
-        return pool, WeightService.create(pool, str(ckpt), "float32")
+        return pool, WeightService.create(pool, str(ckpt), "float32", weights_roots=[str(tmp_path)])
     return make
 
 
