@@ -22,3 +22,15 @@ def invalid(message: str) -> ServiceError:
 
 def unavailable(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, message)
+
+
+def refused_by_engine(exc: BaseException) -> ServiceError | None:
+    """INVALID_ARGUMENT for an engine's refusal of what the client sent (vLLM's VLLMClientError family, such
+    as VLLMValidationError, raised before the request is scheduled), naming the field where the engine does;
+    None for any other failure. Matched by class name, so nothing here imports vLLM (a Ray actor's error
+    keeps the class of its cause)."""
+    if not any(c.__name__ == "VLLMClientError" for c in type(exc).__mro__):
+        return None
+    param = getattr(exc, "parameter", None)
+    return invalid(f"{f'sampling.{param}' if param else 'request'}: the engine refused it ({exc}); this request "
+                   "cannot succeed as sent, do not retry it unchanged")

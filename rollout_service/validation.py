@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import struct
 import uuid
 from dataclasses import dataclass
 
@@ -11,6 +12,10 @@ from rollout_service.errors import invalid
 from rollout_service.model_info import ModelInfo
 
 DEFAULT_MAX_TOKENS = 128
+MAX_TEMPERATURE = 2.0
+# vLLM raises positive temperatures below 0.01 to 0.01 (sampling_params._MAX_TEMP); they are refused here.
+# The floor is 0.01 as a float32 (the wire type), so a client's 0.01 passes.
+MIN_TEMPERATURE = struct.unpack("f", struct.pack("f", 0.01))[0]
 _SEED_MOD = 2**63 - 1
 
 
@@ -56,8 +61,12 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
     top_p = sp.top_p if sp.HasField("top_p") else 1.0
     top_k = sp.top_k if sp.HasField("top_k") else 0
     max_tokens = sp.max_tokens if sp.HasField("max_tokens") else DEFAULT_MAX_TOKENS
-    if not temperature >= 0 or temperature != temperature:
-        raise invalid(f"sampling.temperature: must be >= 0, got {temperature}")
+    # vLLM's ranges (vllm/sampling_params.py, checked before admission so the engine never refuses them)
+    if not 0 <= temperature <= MAX_TEMPERATURE:          # also NaN and +-inf
+        raise invalid(f"sampling.temperature: must be a finite value in [0, {MAX_TEMPERATURE:g}], got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise invalid(f"sampling.temperature: {temperature:g} is below vLLM's floor of 0.01 (vLLM would silently "
+                      "sample at 0.01 instead); use 0 for greedy decoding or a value in [0.01, 2]")
     if not 0 < top_p <= 1:
         raise invalid(f"sampling.top_p: must be in (0, 1], got {top_p}")
     if top_k < -1:

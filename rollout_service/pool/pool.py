@@ -10,7 +10,7 @@ import grpc
 
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.types import SeqRequest
-from rollout_service.errors import ServiceError, unavailable
+from rollout_service.errors import ServiceError, refused_by_engine, unavailable
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
 from rollout_service.pool.telemetry import Telemetry
 
@@ -131,6 +131,11 @@ class EnginePool:
             self._fail(rec, e)
             return
         except Exception as e:  # noqa: BLE001 - an engine failure fails this request, not the server
+            refused = refused_by_engine(e)       # the request's fault: INVALID_ARGUMENT, never "retry"
+            if refused is not None:
+                log.warning("%s refused %s: %s", engine.id, seq.seq_id, e)
+                self._fail(rec, refused)
+                return
             log.exception("%s failed on %s", engine.id, seq.seq_id)
             self._fail(rec, unavailable(f"engine {engine.id} failed while generating ({type(e).__name__}: {e}); "
                                         "retry the request"))

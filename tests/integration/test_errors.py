@@ -14,6 +14,10 @@ BAD = [
     ("negative token id", dict(prompts=[[1, -5]]), "prompts[0].token_ids"),
     ("prompt + max_tokens beyond context", dict(prompts=[[1] * 500], max_tokens=100), "context length"),
     ("negative temperature", dict(temperature=-0.5), "sampling.temperature"),
+    ("infinite temperature", dict(temperature=float("inf")), "sampling.temperature"),
+    ("huge temperature", dict(temperature=1e30), "sampling.temperature"),
+    ("temperature above vLLM's 2", dict(temperature=2.5), "sampling.temperature"),
+    ("temperature below vLLM's floor", dict(temperature=0.001), "sampling.temperature"),
     ("top_p zero", dict(top_p=0.0), "sampling.top_p"),
     ("top_p above one", dict(top_p=1.5), "sampling.top_p"),
     ("top_k below -1", dict(top_k=-3), "sampling.top_k"),
@@ -53,3 +57,41 @@ def test_min_policy_version_above_serving_is_failed_precondition(client):
     assert f"min_policy_version={serving + 5}" in e.value.details()
     assert f"policy version {serving}" in e.value.details()
     assert len(list(client.generate(GOOD, max_tokens=2, min_policy_version=serving))) == 1
+
+
+def test_what_validation_admits_vllm_accepts_unchanged():
+    """Random sampling parameters: every set the service admits, vLLM's SamplingParams (the engine's own
+    check) accepts without raising and without changing the temperature; so the engine never refuses an
+    admitted request (which would have to answer with a status the client could mistake for "retry")."""
+    import random
+
+    from vllm.sampling_params import SamplingParams
+
+    from rollout_service.errors import ServiceError
+    from rollout_service.model_info import ModelInfo
+    from rollout_service.validation import Limits, check_generate
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [1]}
+
+    model = ModelInfo(path="m", vocab_size=100, max_model_len=256, tokenizer=Tok())
+    rng = random.Random(0)
+    floats = [0.0, 1e-30, 1e-6, 0.005, 0.01, 0.5, 1.0, 1.999, 2.0, 2.001, 1e30, float("inf"), float("-inf"),
+              float("nan"), -1.0]
+    admitted = 0
+    for _ in range(3000):
+        kw = {"temperature": rng.choice(floats), "top_p": rng.choice(floats),
+              "top_k": rng.choice([-2, -1, 0, 1, 50, 10**6]), "max_tokens": rng.choice([-1, 0, 1, 8]),
+              "stop": rng.choice([[], [""], ["x"], ["\0"]]), "seed": rng.choice([None, 0, 2**64 - 1])}
+        try:
+            s = check_generate(build_request([[1, 2]], **kw), model, Limits(4, 4)).groups[0][0]
+        except ServiceError:
+            s = None                                 # refused before admission: fine
+        if s is None:
+            continue
+        admitted += 1
+        sp = SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+                            stop=list(s.stop) or None, seed=s.seed, logprobs=0)
+        assert abs(sp.temperature - s.temperature) < 1e-6, kw
+    assert admitted > 100

@@ -127,3 +127,30 @@ def test_shutdown_fails_in_flight_with_unavailable():
         with pytest.raises(ServiceError):
             pool.submit("", b"g", groups(1, 1))
     asyncio.run(main())
+
+
+class VLLMClientError(Exception):
+    """Stands in for vllm.exceptions.VLLMClientError (matched by class name; unit tests import no vLLM)."""
+
+
+class VLLMValidationError(VLLMClientError):
+    def __init__(self, message, parameter=None):
+        super().__init__(message)
+        self.parameter = parameter
+
+
+class RefusingEngine(FakeEngine):
+    async def generate(self, req):
+        raise VLLMValidationError("temperature must be in [0, 2], got 7.0.", parameter="temperature")
+
+
+def test_an_engine_refusing_the_request_is_invalid_argument_not_retry():
+    async def main():
+        pool = EnginePool([RefusingEngine("e0")], max_queue=10)
+        await pool.start()
+        with pytest.raises(ServiceError) as e:
+            await collect(pool, pool.submit("x", b"f", groups(1, 1)))
+        assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert "sampling.temperature" in e.value.message and "do not retry" in e.value.message
+        assert pool.depth == 0 and pool.ready
+    asyncio.run(main())

@@ -49,6 +49,17 @@ def test_fingerprint_identifies_content():
     ([[1]] * 5, {}, "max_prompts_per_request=4"),
     ([[1]], {"n": 9}, "max_samples_per_prompt=8"),
     ([[1]], {"temperature": float("nan")}, "sampling.temperature"),
+    ([[1]], {"temperature": float("inf")}, "sampling.temperature: must be a finite value in [0, 2]"),
+    ([[1]], {"temperature": 1e30}, "sampling.temperature: must be a finite value in [0, 2]"),
+    ([[1]], {"temperature": 2.5}, "sampling.temperature"),
+    ([[1]], {"temperature": -0.5}, "sampling.temperature"),
+    ([[1]], {"temperature": 0.005}, "below vLLM's floor of 0.01"),
+    ([[1]], {"temperature": 1e-6}, "below vLLM's floor of 0.01"),
+    ([[1]], {"top_p": float("nan")}, "sampling.top_p"),
+    ([[1]], {"top_p": 0.0}, "sampling.top_p"),
+    ([[1]], {"top_k": -2}, "sampling.top_k"),
+    ([[1]], {"max_tokens": 0}, "sampling.max_tokens"),
+    ([[1]], {"stop": [""]}, "sampling.stop"),
     ([[1]], {"stop_token_ids": [100]}, "sampling.stop_token_ids"),
     ([""], {}, "prompts[0]: empty prompt"),
 ])
@@ -56,3 +67,10 @@ def test_rejections_name_the_field(prompts, kw, needle):
     with pytest.raises(ServiceError) as e:
         check(prompts, **kw)
     assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.message
+
+
+def test_vllms_boundaries_pass():
+    for t in (0.0, 0.01, 1.0, 2.0):                  # 0.01 arrives as float32 0.0099999998
+        assert check([[1]], temperature=t).groups[0][0].temperature >= 0
+    for top_k in (-1, 0, 1, 10**6):
+        check([[1]], top_k=top_k)
