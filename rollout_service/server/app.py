@@ -27,6 +27,7 @@ from rollout_service.server.auth import AuthInterceptor, load_credentials, serve
 from rollout_service.server.decoding import add_servicer
 from rollout_service.server.grpc_service import RolloutServicer
 from rollout_service.server.http_app import build_http_app
+from rollout_service.server.loop_watchdog import LoopWatchdog
 from rollout_service.validation import Limits
 from rollout_service.weights.service import WeightService
 from rollout_service.weights.staging import remove_staging_root, sweep_stale_roots
@@ -124,6 +125,7 @@ class RolloutServer:
                                                   port=cfg.http_port, log_level="warning", lifespan="off", **ssl))
         self._stop = asyncio.Event()
         self.supervisor: Supervisor | None = None
+        self._watchdog_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         """Bind ports first (health says NOT_SERVING), then start engines, then report SERVING."""
@@ -137,6 +139,8 @@ class RolloutServer:
         await self.pool.start()
         self.supervisor = Supervisor(self.pool, self.weights.committer.restart_at_committed)
         self._supervisor_task = asyncio.create_task(self.supervisor.run())
+        self.watchdog = LoopWatchdog(self.pool.telemetry.registry)     # lag on /metrics; warns, naming the code
+        self._watchdog_task = asyncio.create_task(self.watchdog.run())
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s (policy version %d); LoadWeights reads only below %s", self.servicer.model.path,
@@ -149,6 +153,8 @@ class RolloutServer:
         await self._stop.wait()
         log.info("shutting down: failing in-flight requests with UNAVAILABLE, stopping engines")
         await self.health.enter_graceful_shutdown()
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
         if self.supervisor is not None:
             self._supervisor_task.cancel()
             await self.supervisor.stop()

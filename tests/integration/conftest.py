@@ -1,5 +1,6 @@
 """One real service per test session: a tiny random Llama (SmolLM2's tokenizer), real vLLM engine,
 real gRPC over a loopback socket. Engine start costs ~40 s, so every test here shares it."""
+import re
 import time
 from pathlib import Path
 
@@ -22,6 +23,56 @@ def wait_for(pred, timeout: float, what: str):
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# No test may hold a server's event loop longer than this (server/loop_watchdog.py measures it; /metrics
+# exports the largest lag since the server became ready). Checked for the shared service after every test,
+# and for every other server when the test stops it.
+LOOP_LAG_LIMIT_S = 0.5
+_held: list[str] = []              # servers found over the limit when stopped, not yet reported
+
+
+def loop_lag_max(svc: ServiceProcess) -> float | None:
+    """The server's largest event-loop lag so far (None: it does not answer)."""
+    status, body = svc.http_get("/metrics")
+    m = re.search(r"^rollout_event_loop_lag_max_seconds (\S+)$", body, re.MULTILINE) if status == 200 else None
+    return float(m[1]) if m else None
+
+
+_stop = ServiceProcess.stop
+
+
+def _stop_checking_the_loop(self, *a, **kw):
+    running = self.proc is not None and self.proc.poll() is None and not getattr(self, "lag_reported", False)
+    lag = loop_lag_max(self) if running else None
+    if lag is not None and lag > LOOP_LAG_LIMIT_S:
+        _held.append(f"a server (log {self.log_path}) held its event loop for {lag:.2f} s")
+    return _stop(self, *a, **kw)
+
+
+ServiceProcess.stop = _stop_checking_the_loop
+
+
+@pytest.fixture(autouse=True)
+def _loop_never_held(request):
+    """Fail the test during which a server's event loop was held longer than LOOP_LAG_LIMIT_S (its log
+    names the code: the watchdog warns with the loop thread's stack)."""
+    yield
+    found = [_held.pop() for _ in range(len(_held))]
+    if "service" in request.fixturenames:
+        svc = request.getfixturevalue("service")
+        lag = loop_lag_max(svc)
+        if lag is not None and lag > LOOP_LAG_LIMIT_S and not getattr(svc, "lag_reported", False):
+            svc.lag_reported = True                   # fail the test that did it, not every one after
+            found.append(f"the shared service (log {svc.log_path}) held its event loop for {lag:.2f} s")
+    if found:
+        pytest.fail(f"over {LOOP_LAG_LIMIT_S} s with the event loop held: " + "; ".join(found), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _loop_never_held_by_session_servers():
+    yield
+    assert not _held, "; ".join(_held)
 
 
 @pytest.fixture(scope="session")
