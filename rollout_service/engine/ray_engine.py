@@ -39,8 +39,10 @@ class EngineActor:
     """Runs inside the Ray worker: a VllmEngine and the plumbing to feed it."""
 
     def __init__(self, engine_id: str, model_path: str, cfg: bytes):
+        from rollout_service.engine import lifeline
         from rollout_service.engine.vllm_engine import VllmEngine
 
+        lifeline.mark_front_end()      # the engine's processes die with this actor (Ray ends it with the server)
         self.engine = VllmEngine(engine_id, model_path, msgspec.json.decode(cfg, type=EngineConfig))
 
     async def start(self) -> str:

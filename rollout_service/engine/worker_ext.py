@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from rollout_service.engine import lifeline  # noqa: F401 - this worker's engine dies with the server
 from rollout_service.engine import shadow_reload
 from rollout_service.speculation import cpu_fix
 

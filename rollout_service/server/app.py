@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from rollout_service.api import pb
 from rollout_service.config import ServerConfig
+from rollout_service.engine import lifeline
 from rollout_service.engine.base import Engine
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
@@ -168,6 +169,7 @@ class RolloutServer:
 
 async def serve(cfg: ServerConfig, model_path: str, factory: Callable[[str], Engine] | None = None) -> None:
     """factory: engine id -> Engine (default: real vLLM engines per the config)."""
+    lifeline.mark_front_end()        # engine processes started from here die with this process (SIGKILL too)
     model = ModelInfo.load(model_path, cfg.engine.max_model_len)
     freed = sweep_stale_roots()
     if freed:
