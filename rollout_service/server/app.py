@@ -13,7 +13,7 @@ from typing import Callable
 
 import grpc
 import uvicorn
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from rollout_service.api import pb
@@ -27,6 +27,7 @@ from rollout_service.pool.supervisor import Supervisor
 from rollout_service.server.auth import AuthInterceptor, load_credentials, server_credentials
 from rollout_service.server.decoding import add_servicer
 from rollout_service.server.grpc_service import RolloutServicer
+from rollout_service.server.health import HealthServicer
 from rollout_service.server.http_app import build_http_app
 from rollout_service.server.loop_watchdog import LoopWatchdog
 from rollout_service.validation import Limits
@@ -90,7 +91,7 @@ class RolloutServer:
         self.scaler = Scaler(self.pool, self.weights.committer, factory)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
                                         max_streams_per_client=cfg.max_streams_per_client, creds=self.creds)
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer(("", SERVICE_NAME))
         limit = cfg.max_message_mb * 1024 * 1024
         # gRPC's receive cap sits well above max_message_mb (and above the client's 4 MiB push chunks) so
         # that decoding.py sees an oversized request and answers with a message naming the setting.
@@ -99,7 +100,7 @@ class RolloutServer:
                                              ("grpc.max_send_message_length", limit)],
                                     interceptors=[AuthInterceptor(self.creds)] if self.creds else None)
         add_servicer(self.servicer, self.grpc, max_message_bytes=limit)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        add_servicer(self.health, self.grpc, service=health_pb2.DESCRIPTOR.services_by_name["Health"])
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.grpc)

@@ -6,6 +6,8 @@ bytes and parse them themselves: a payload that is not the method's protobuf is 
 the message type named. (Found by tests/integration/test_fuzz.py.)"""
 from __future__ import annotations
 
+import inspect
+
 import grpc
 from google.protobuf import message as pbmessage
 from google.protobuf.message_factory import GetMessageClass
@@ -46,6 +48,9 @@ def _unary_request(method, cls, max_bytes):
             request = _parse(cls, raw, max_bytes)
         except ServiceError as e:
             await context.abort(e.code, e.message)
+        if not inspect.isasyncgenfunction(method):       # streams through context.write (grpc's Health.Watch)
+            await method(request, context)
+            return
         async for item in method(request, context):
             yield item
 
@@ -61,11 +66,12 @@ def _stream_request(method, cls, max_bytes):
     return handler
 
 
-def add_servicer(servicer, server: grpc.aio.Server, max_message_bytes: int = 0) -> None:
+def add_servicer(servicer, server: grpc.aio.Server, max_message_bytes: int = 0, service=SERVICE) -> None:
     """max_message_bytes: requests above it are RESOURCE_EXHAUSTED naming max_message_mb (gRPC's own limit,
-    set higher, stays the hard cap: its message names no setting)."""
+    set higher, stays the hard cap: its message names no setting). service: the service descriptor
+    (grpc.health.v1.Health is registered this way too: its stock handlers answer UNKNOWN to a bad payload)."""
     handlers = {}
-    for m in SERVICE.methods:
+    for m in service.methods:
         cls, out = GetMessageClass(m.input_type), GetMessageClass(m.output_type)
         fn = getattr(servicer, m.name)
         kw = dict(request_deserializer=_identity, response_serializer=out.SerializeToString)
@@ -77,4 +83,4 @@ def add_servicer(servicer, server: grpc.aio.Server, max_message_bytes: int = 0) 
             handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_request(fn, cls, max_message_bytes)[0], **kw)
         else:
             raise NotImplementedError(f"{m.full_name}: bidirectional streams are not served")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
