@@ -1,12 +1,14 @@
 """The gRPC servicer: thin. It checks, hands work to the pool, and streams what the pool produces."""
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from rollout_service.api import pb, pb_grpc
-from rollout_service.config import SpeculationConfig
+from rollout_service.config import SpeculationConfig, k_mode
 from rollout_service.errors import ServiceError, invalid
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
@@ -18,6 +20,8 @@ from rollout_service.validation import Limits, check_generate
 from rollout_service.weights.service import Chunk, Trailer, WeightService
 
 log = logging.getLogger(__name__)
+TOKENIZER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+HEAVY_REQUEST_BYTES = 256 << 10      # checked in TOKENIZER's thread above this size (or with text prompts)
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
@@ -55,7 +59,13 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK
         try:
-            checked = check_generate(request, self.model, self.limits)
+            if any(p.text for p in request.prompts) or request.ByteSize() > HEAVY_REQUEST_BYTES:
+                # tokenising text (chat templates) and hashing a large request take milliseconds to seconds:
+                # not on the event loop. One thread: a Hugging Face tokenizer is not safe to share across threads.
+                checked = await asyncio.get_running_loop().run_in_executor(
+                    TOKENIZER, check_generate, request, self.model, self.limits)
+            else:
+                checked = check_generate(request, self.model, self.limits)
             if request.min_policy_version > self.pool.policy_version:
                 raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                    f"min_policy_version={request.min_policy_version} but the service serves "
@@ -90,7 +100,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         sp = self.speculation
         k = sp.num_speculative_tokens if sp.method != "none" else 0
         status = status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
-                                 sp.method, k, sp.draft_cost)
+                                 sp.method, k, sp.draft_cost, k_mode(sp))
         for w in status.warnings:
             if w not in self._warned:
                 self._warned.add(w)

@@ -181,7 +181,7 @@ class WeightCommitter:
                 recycle(old, self.spare_dir)      # no engine reads it any more
 
     async def _roll_back(self, engines, names: list[str], target: str) -> None:
-        path = self._previous_values(names, target)
+        path = await asyncio.to_thread(self._previous_values, names, target)   # reads and writes a model's worth
         try:
             for e in engines:
                 try:

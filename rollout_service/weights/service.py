@@ -122,7 +122,7 @@ class WeightService:
         except BaseException:
             if adding is not None:       # stream cut, bad chunk or cancelled: let the thread finish first
                 await asyncio.gather(adding, return_exceptions=True)
-            stager.discard()
+            await run_to_end(asyncio.to_thread(stager.discard), "staging cleanup")   # frees the file's pages
             raise
         staged = await run_to_end(asyncio.to_thread(stager.finish), "staging write",
                                   orphaned=lambda st: st.discard())
