@@ -297,9 +297,13 @@ def main(argv=None) -> int:
         "--max-queue", "64"])
     with svc, RolloutClient(svc.target) as client:
         result = run_fuzz(client, svc.http_get, paths, calls=args.calls, seed=args.seed, commit_path=commit_path)
+        _, metrics = svc.http_get("/metrics")
+    lag = next((ln.split()[1] for ln in metrics.splitlines() if ln.startswith("rollout_event_loop_lag_max_seconds ")),
+               "?")
     print(render(result))
     print(f"\n{sum(sum(r.values()) for r in result['counts'].values()):,} calls in {result['seconds']:.0f} s "
-          f"(seed {args.seed}); ScaleEngines payloads skipped because they would start engines: {result['skipped']}")
+          f"(seed {args.seed}); ScaleEngines payloads skipped because they would start engines: {result['skipped']}; "
+          f"longest event-loop lag {lag} s")
     for f in result["failures"][:50]:
         print("FAIL:", f)
     shutil.rmtree(work, ignore_errors=True)
