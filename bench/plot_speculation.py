@@ -1,7 +1,7 @@
-"""Plot bench/speculation.py's table: speedup over the plain engine by concurrency, one line per (method, k),
-beside the analytical bound, with the 1.8x goal and break-even marked (not a test).
+"""Plot bench/speculation.py's cells: speedup over the plain engine by concurrency, one line per (method, k),
+beside the analytical bound, with the 1.8x goal, break-even and the 0.97 floor marked (not a test).
 
-    .venv/bin/python bench/plot_speculation.py bench/results/speculation.txt [--out bench/results/speculation.png]
+    .venv/bin/python bench/plot_speculation.py bench/results/speculation.json [--out bench/results/speculation.png]
 """
 from __future__ import annotations
 
@@ -10,19 +10,15 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def read_table(path: Path) -> list[dict]:
-    """The rows of the final table: method, k (a number or `dyn`), concurrency, speedup and bound."""
-    rows, in_table = [], False
-    for line in path.read_text().splitlines():
-        if line.startswith("method ") and "speedup" in line:
-            in_table = True
-            continue
-        f = line.split()
-        if in_table and len(f) >= 11:
-            rows.append({"method": f[0], "k": f[1], "conc": int(f[2]), "speedup": float(f[5]), "bound": float(f[10])})
-    if not rows:
-        raise SystemExit(f"{path}: no bench/speculation.py table found")
-    return rows
+def read_cells(path: Path) -> list[dict]:
+    """bench/speculation.py's JSON cells, as rows with method, k ("auto" or a number), conc, speedup and bound."""
+    import json
+
+    cells = json.loads(path.read_text())
+    if not cells:
+        raise SystemExit(f"{path}: no cells")
+    return [{"method": c["method"], "k": str(c["k"]), "conc": c["concurrency"], "speedup": c["speedup"],
+             "bound": c["bound"]} for c in cells]
 
 
 def plot(rows: list[dict], out: Path) -> Path:
@@ -41,12 +37,12 @@ def plot(rows: list[dict], out: Path) -> Path:
         for k, pts in lines.items():
             pts.sort(key=lambda r: r["conc"])
             xs = [r["conc"] for r in pts]
-            dyn = k == "dyn"
-            line, = ax.plot(xs, [r["speedup"] for r in pts], marker="o", lw=3 if dyn else 1.5,
-                            color="black" if dyn else None, label="k by batch size" if dyn else f"k={k}")
-            if not dyn:
-                ax.plot(xs, [r["bound"] for r in pts], ls=":", color=line.get_color(), lw=1)
+            auto = k == "auto"
+            line, = ax.plot(xs, [r["speedup"] for r in pts], marker="o", lw=3 if auto else 1.5,
+                            color="black" if auto else None, label="k chosen by the controller" if auto else f"k={k}")
+            ax.plot(xs, [r["bound"] for r in pts], ls=":", color=line.get_color(), lw=1)
         ax.axhline(1.0, color="grey", lw=1)
+        ax.axhline(0.97, color="grey", lw=1, ls="--")
         ax.axhline(1.8, color="red", lw=1, ls="--")
         ax.text(1, 1.82, "goal 1.8x", color="red", fontsize=8)
         ax.set_xscale("log", base=2)
@@ -64,10 +60,10 @@ def plot(rows: list[dict], out: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("table", type=Path)
+    ap.add_argument("cells", type=Path)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    print(plot(read_table(args.table), args.out or args.table.with_suffix(".png")))
+    print(plot(read_cells(args.cells), args.out or args.cells.with_suffix(".png")))
 
 
 if __name__ == "__main__":

@@ -1,100 +1,93 @@
-"""Speculation on vs off on an RL-shaped workload, side by side in one run (not a test).
+"""Speculation on vs off on an RL-shaped workload, plain and speculative engines interleaved (not a test).
 
-    .venv/bin/python bench/speculation.py [--draft-model DIR] [--eagle3-head DIR]
-                                          [--methods draft_model,eagle3,ngram] [--ks 1,2,3,5]
-                                          [--concurrency 1,8,32] [--max-tokens 256] [--samples-per-slot 6]
-                                          [--k-by-batch-size 1-1:3,2-8:1,9-:0]
+    .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram] [--fixed-k draft_model:3,eagle3:2,ngram:3]
+                                          [--concurrency 1,4,8,16,32,64] [--max-tokens 128] [--samples-per-slot 2]
+                                          [--draft-model DIR] [--eagle3-head DIR] [--json bench/results/speculation.json]
 
-Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to 256 new
-tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one
-is replaced by the next sample) until max(16, C * --samples-per-slot) samples finished, so a batch does not
-drain to its longest sample and the measurement covers thousands of tokens. Same engine settings, prompts
-and seeds for every configuration. For each (method, k, concurrency): the throughput ratio against the
-plain engine, vLLM's acceptance rate (accepted / drafted), the mean acceptance length L, the per-token
-acceptance a solved from L (rollout_service/speculation/speedup.py: accepted / drafted is not a when k > 1),
-the drafter's measured cost c, the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)), and a speculative
-step's measured time over a plain step (the bound assumes 1 + c k). c is one drafter step over one target
-step: for the draft model both run as plain vLLM engines at the same concurrency; an EAGLE-3 head cannot
-run alone in vLLM, so its c is one head step over one target forward, both timed in PyTorch in this process
-at the same batch (it leaves out vLLM's per-step overhead of drafting); 0 for n-gram.
-With --k-by-batch-size, each method also runs once with that schedule (engine.speculation.k_by_batch_size:
-k chosen per step by the engine's batch size, 0 = no drafting): rows with k `dyn`, whose bound uses the
-drafts per verify step measured in the run and which show what the service does where speculation loses.
+Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to --max-tokens new
+tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one is
+replaced by the next sample) until max(8, C * --samples-per-slot) samples finished.
+
+This machine drifts up to 3x within a day, so engines are not measured one after the other: one plain engine
+stays up for the whole run and, per method, two speculative engines beside it: k chosen by the controller
+(engine.speculation.k_control = "auto", speculation/k_controller.py) and the method's best fixed k. For each
+concurrency the cell is measured plain, auto, fixed, plain (the plain rate is the mean of the two bracketing
+runs) and the ratios are taken within that minute. The auto engine first runs a short warm-up at every
+concurrency (its controller learns step times and acceptance, as it does in the first minutes of serving).
+
+Per cell: speedup = spec tok/s / plain tok/s; vLLM's acceptance (accepted / drafted) and mean acceptance
+length L over the drafting steps; the per-token acceptance a solved from L (speculation/speedup.py); the
+drafter cost c (one drafter forward over one target forward at the same batch, timed in PyTorch; 0 for
+n-gram); the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)) at the k the cell drafted (for auto rows the
+best bound over k = 0..k_max, 1.0 being k = 0); and for auto rows the share of engine steps at each k.
+Results go to --json (a list of cells) and a table on stdout.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import json
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-async def held(eng, prompts, c: int, n: int, max_tokens: int) -> tuple[list, float]:
-    """`n` samples with `c` of them in flight at all times (until fewer than c are left): (results, wall s)."""
+async def held(eng, prompts, c: int, n: int, max_tokens: int, tag: str) -> dict:
+    """`n` samples with `c` in flight at all times (until fewer than c are left): throughput and speculation counts."""
     from tqdm import tqdm
 
     from rollout_service.engine.types import SeqRequest
 
     todo = iter(range(n))                  # sample j: prompt j // 4, so a group's samples run together
     results = []
-    bar = tqdm(total=n, desc=f"    concurrency {c}", unit="sample", leave=False)
+    bar = tqdm(total=n, desc=f"    {tag} concurrency {c}", unit="sample", leave=False)
 
     async def slot():
         for j in todo:
             results.append(await eng.generate(SeqRequest(
-                seq_id=f"c{c}-{j}-{time.monotonic_ns()}", prompt_token_ids=prompts[j // 4], temperature=1.0,
+                seq_id=f"{tag}-c{c}-{j}-{time.monotonic_ns()}", prompt_token_ids=prompts[j // 4], temperature=1.0,
                 max_tokens=max_tokens, seed=1000 + j)))
             bar.update()
     t = time.perf_counter()
     await asyncio.gather(*(slot() for _ in range(c)))
     wall = time.perf_counter() - t
     bar.close()
-    return results, wall
+    tokens = sum(len(r.token_ids) for r in results)
+    drafted = sum(r.num_drafted for r in results)
+    accepted = sum(r.num_accepted for r in results)
+    steps = sum(r.spec_steps for r in results)
+    return {"tok_s": tokens / wall, "tokens": tokens, "rate": accepted / drafted if drafted else 0.0,
+            "mal": 1 + accepted / steps if steps else 1.0, "drafts_per_step": drafted / steps if steps else 0.0}
 
 
-async def run_config(model: str, spec, prompts, concurrency: list[int], max_tokens: int, per_slot: int) -> dict:
-    from rollout_service.config import EngineConfig
-    from rollout_service.engine.types import SeqRequest
-    from rollout_service.engine.vllm_engine import VllmEngine
-
-    eng = VllmEngine("bench", model, EngineConfig(max_model_len=1024, kv_cache_gb=2, speculation=spec))
-    await eng.start()
-    out = {}
-    try:
-        await eng.generate(SeqRequest(seq_id="warm", prompt_token_ids=prompts[0], max_tokens=8))
-        for c in concurrency:
-            n = max(16, c * per_slot)
-            results, wall = await held(eng, prompts, c, n, max_tokens)
-            tokens = sum(len(r.token_ids) for r in results)
-            drafted = sum(r.num_drafted for r in results)
-            accepted = sum(r.num_accepted for r in results)
-            steps = sum(r.spec_steps for r in results)
-            out[c] = {"tok_s": tokens / wall, "rate": accepted / drafted if drafted else 0.0,
-                      "mal": 1 + accepted / steps if steps else 1.0, "k": drafted / steps if steps else 0.0}
-            print(f"    concurrency {c:>2}: {n} samples, {tokens} tokens, {tokens / wall:6.1f} tok/s", flush=True)
-    finally:
-        await eng.shutdown()
-    return out
-
-
-def eagle3_cost(model: str, head_dir: str, concurrency: list[int], ctx: int = 32, reps: int = 3) -> dict:
-    """One head step / one target forward at equal batch and length, timed in PyTorch (see the docstring)."""
+def drafter_cost(model: str, method: str, drafter: str, concurrency: list[int], ctx: int = 32, reps: int = 3) -> dict:
+    """One drafter forward / one target forward at equal batch and length, in PyTorch (0 for n-gram)."""
+    if method not in ("draft_model", "eagle3"):
+        return {c: 0.0 for c in concurrency}
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rollout_service.speculation.eagle3 import load_head
-
     target = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    head = load_head(head_dir, target).eval()
+    if method == "eagle3":
+        from rollout_service.speculation.eagle3 import load_head
+
+        head = load_head(drafter, target).eval()
+    else:
+        head = AutoModelForCausalLM.from_pretrained(drafter, dtype=torch.float32).eval()
     out = {}
     with torch.no_grad():
         for c in concurrency:
             ids = torch.randint(0, 1000, (c, ctx))
-            aux = torch.randn(c, ctx, head.fc.in_features)
+            aux = torch.randn(c, ctx, head.fc.in_features) if method == "eagle3" else None
+
+            def run_drafter(ids=ids, aux=aux):
+                return head.unroll(aux, ids, 1) if aux is not None else head(input_ids=ids)
+
             times = []
-            for fn in (lambda: target(input_ids=ids), lambda: head.unroll(aux, ids, 1)):
+            for fn in (lambda ids=ids: target(input_ids=ids), run_drafter):
                 fn()
                 t = time.perf_counter()
                 for _ in range(reps):
@@ -104,78 +97,124 @@ def eagle3_cost(model: str, head_dir: str, concurrency: list[int], ctx: int = 32
     return out
 
 
+async def start(model: str, spec):
+    from rollout_service.config import EngineConfig
+    from rollout_service.engine.types import SeqRequest
+    from rollout_service.engine.vllm_engine import VllmEngine
+
+    eng = VllmEngine("bench", model, EngineConfig(max_model_len=1024, kv_cache_gb=1.5, speculation=spec))
+    await eng.start()
+    await eng.generate(SeqRequest(seq_id=f"warm-{time.monotonic_ns()}", prompt_token_ids=[1, 2, 3], max_tokens=4))
+    return eng
+
+
+def cell_bound(r: dict, k, k_max: int, c: float) -> tuple[float, float]:
+    """(per-token a, bound) for a measured cell; auto cells get the best bound over k = 0..k_max."""
+    from rollout_service.speculation.speedup import per_token_acceptance, speedup_bound
+
+    kd = max(1, round(r["drafts_per_step"])) if r["drafts_per_step"] else 0
+    a = per_token_acceptance(r["mal"], kd) if kd else 0.0
+    if k == "auto":
+        return a, max([1.0] + [speedup_bound(a, kk, c) for kk in range(1, k_max + 1)])
+    return a, speedup_bound(a, k, c)
+
+
+def steps_share(before: dict | None, after: dict | None) -> list[float]:
+    if not before or not after:
+        return []
+    d = [x - y for x, y in zip(after["steps_by_k"], before["steps_by_k"])]
+    return [round(x / max(1, sum(d)), 3) for x in d]
+
+
+async def run(args) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from rollout_service.cli import resolve_model
+    from rollout_service.config import SpeculationConfig
+    from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
+
+    model = resolve_model(args.model)
+    drafters = {"draft_model": args.draft_model or str(default_drafter_dir("draft_model")),
+                "eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")), "ngram": ""}
+    conc = [int(x) for x in args.concurrency.split(",")]
+    fixed = {m: int(k) for m, k in (p.split(":") for p in args.fixed_k.split(","))}
+    n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
+    prompts = task_prompts(AutoTokenizer.from_pretrained(model), (max(n_of.values()) + 3) // 4, start=50_000)
+    date = datetime.date.today().isoformat()
+    print(f"target {model}; concurrency {conc}; max_tokens {args.max_tokens}; temperature 1.0; {date}", flush=True)
+    plain = await start(model, SpeculationConfig())
+    cells = []
+    try:
+        for method in args.methods.split(","):
+            k = fixed[method]
+            cost = drafter_cost(model, method, drafters[method], conc)
+            print(f"{method}: drafter {drafters[method] or '-'}; cost c by concurrency "
+                  + ", ".join(f"{c}: {v:.3f}" for c, v in cost.items()), flush=True)
+            common = dict(method=method, model=drafters[method], num_speculative_tokens=k,
+                          prompt_lookup_min=2, prompt_lookup_max=5)
+            auto = await start(model, SpeculationConfig(k_control="auto", **common))
+            fix = await start(model, SpeculationConfig(k_control="fixed", **common))
+            try:
+                for c in conc:                                   # the controller's first minutes of serving
+                    await held(auto, prompts, c, c, min(64, args.max_tokens), "warm-up")
+                for c in conc:
+                    snap0 = await auto.k_control_snapshot()
+                    p1 = await held(plain, prompts, c, n_of[c], args.max_tokens, "plain")
+                    ra = await held(auto, prompts, c, n_of[c], args.max_tokens, f"{method} auto")
+                    snap1 = await auto.k_control_snapshot()
+                    rf = await held(fix, prompts, c, n_of[c], args.max_tokens, f"{method} k={k}")
+                    p2 = await held(plain, prompts, c, n_of[c], args.max_tokens, "plain")
+                    p = (p1["tok_s"] + p2["tok_s"]) / 2
+                    for kk, r in (("auto", ra), (k, rf)):
+                        a, bound = cell_bound(r, kk, k, cost[c])
+                        cells.append({"method": method, "k": kk, "concurrency": c, "plain_tok_s": round(p, 2),
+                                      "spec_tok_s": round(r["tok_s"], 2), "speedup": round(r["tok_s"] / p, 3),
+                                      "bound": round(bound, 3), "acceptance_rate": round(r["rate"], 3),
+                                      "mean_acceptance_length": round(r["mal"], 3), "per_token_acceptance": round(a, 3),
+                                      "drafts_per_drafting_step": round(r["drafts_per_step"], 2),
+                                      "drafter_cost": round(cost[c], 3), "plain_spread": round(abs(p1["tok_s"] - p2["tok_s"]) / p, 3),
+                                      "k_share": steps_share(snap0, snap1) if kk == "auto" else [],
+                                      "date": date})
+                        print(f"  {method:<11} k={kk!s:<4} conc {c:>2}: plain {p:7.1f} tok/s, spec {r['tok_s']:7.1f} "
+                              f"tok/s, speedup {r['tok_s'] / p:5.2f} (bound {bound:4.2f}), L {r['mal']:.2f}", flush=True)
+                print(f"  {method} controller: {await auto.k_control_snapshot()}", flush=True)
+            finally:
+                await auto.shutdown()
+                await fix.shutdown()
+    finally:
+        await plain.shutdown()
+    return cells
+
+
+def print_table(cells: list[dict]) -> None:
+    print("\nmethod          k  conc  plain tok/s  spec tok/s  speedup  bound  speedup/bound  accepted/drafted  mean acc len"
+          "  per-token a  cost c  plain spread  steps by k")
+    for x in cells:
+        share = " ".join(f"{v:.2f}" for v in x["k_share"]) or "-"
+        print(f"{x['method']:<12} {x['k']!s:>4} {x['concurrency']:>5} {x['plain_tok_s']:>12.1f} {x['spec_tok_s']:>11.1f}"
+              f" {x['speedup']:>8.2f} {x['bound']:>6.2f} {x['speedup'] / x['bound']:>14.2f} {x['acceptance_rate']:>17.3f}"
+              f" {x['mean_acceptance_length']:>13.2f} {x['per_token_acceptance']:>12.3f} {x['drafter_cost']:>7.2f}"
+              f" {x['plain_spread']:>13.2f}  {share}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--draft-model")
     ap.add_argument("--eagle3-head", help="EAGLE-3 head (default: `rollout-service prepare-drafter --kind eagle3`)")
     ap.add_argument("--methods", default="draft_model,eagle3,ngram")
-    ap.add_argument("--ks", default="1,2,3,5")
-    ap.add_argument("--ngram-ks", default="3", help="k values for ngram (it rarely proposes on this task)")
-    ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--samples-per-slot", type=int, default=6,
-                    help="samples measured per concurrent sequence (at least 16 in all)")
-    ap.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...",
-                    help="also run each method with this k schedule (as `serve --k-by-batch-size`)")
+    ap.add_argument("--fixed-k", default="draft_model:3,eagle3:2,ngram:3",
+                    help="each method's fixed k (its best in earlier runs); also the controller's k_max")
+    ap.add_argument("--concurrency", default="1,4,8,16,32,64")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--samples-per-slot", type=int, default=2, help="samples measured per concurrent sequence (>= 8 in all)")
+    ap.add_argument("--json", default="bench/results/speculation.json", help="where the cells go ('' for nowhere)")
     args = ap.parse_args()
-
-    from transformers import AutoTokenizer
-
-    from rollout_service.cli import resolve_model
-    from rollout_service.config import SpeculationConfig, parse_k_schedule
-    from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
-    from rollout_service.speculation.speedup import per_token_acceptance, speedup_bound, step_cost
-
-    model = resolve_model(args.model)
-    drafter = args.draft_model or str(default_drafter_dir("draft_model"))
-    head = args.eagle3_head or str(default_drafter_dir("eagle3"))
-    conc = [int(x) for x in args.concurrency.split(",")]
-    n_samples = max(16, max(conc) * args.samples_per_slot)
-    prompts = task_prompts(AutoTokenizer.from_pretrained(model), (n_samples + 3) // 4, start=50_000)
-    print(f"target {model}\ndrafter {drafter}\nEAGLE-3 head {head}\nconcurrency {conc}, max_tokens {args.max_tokens}, temperature 1.0")
-
-    print("plain target:", flush=True)
-    plain = asyncio.run(run_config(model, SpeculationConfig(), prompts, conc, args.max_tokens, args.samples_per_slot))
-    methods = args.methods.split(",")
-    cost = {m: {c: 0.0 for c in conc} for m in methods}
-    if "draft_model" in methods:
-        print("drafter alone (for its cost c):", flush=True)
-        alone = asyncio.run(run_config(drafter, SpeculationConfig(), prompts, conc, args.max_tokens, args.samples_per_slot))
-        cost["draft_model"] = {c: plain[c]["tok_s"] / alone[c]["tok_s"] for c in conc}   # step time ratio
-    if "eagle3" in methods:
-        cost["eagle3"] = eagle3_cost(model, head, conc)
-        print("EAGLE-3 head step / target step (PyTorch): "
-              + ", ".join(f"{c}: {v:.3f}" for c, v in cost["eagle3"].items()), flush=True)
-    schedule = parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else []
-    rows = []
-    for method in methods:
-        ks = [int(k) for k in (args.ks if method != "ngram" else args.ngram_ks).split(",")]
-        configs = [(k, []) for k in ks] + ([(max(r[2] for r in schedule), schedule)] if schedule else [])
-        for k, sched in configs:
-            spec = SpeculationConfig(method=method, num_speculative_tokens=k, k_by_batch_size=sched,
-                                     model={"draft_model": drafter, "eagle3": head}.get(method, ""),
-                                     prompt_lookup_min=2, prompt_lookup_max=5)
-            print(f"{method} k={k}{f' by batch size {args.k_by_batch_size}' if sched else ''}:", flush=True)
-            res = asyncio.run(run_config(model, spec, prompts, conc, args.max_tokens, args.samples_per_slot))
-            for c in conc:
-                r, p = res[c], plain[c]["tok_s"]
-                kk = r["k"] if sched else k          # drafts per verify step (0: the schedule drafted nothing)
-                kd = max(1, round(kk))               # whole drafts per step, for solving a and the bound
-                a = per_token_acceptance(r["mal"], kd) if kk else 0.0
-                # k 0: no drafts; the bound charges one drafter pass per step (vLLM's llm_base_proposer runs one
-                # to keep the drafter's KV cache in sync)
-                bound = speedup_bound(a, kd, cost[method][c]) if kk else 1 / (1 + cost[method][c])
-                rows.append((method, "dyn" if sched else str(k), c, p, r["tok_s"], r["tok_s"] / p, r["rate"],
-                             r["mal"], a, cost[method][c], bound, step_cost(r["mal"], p, r["tok_s"]), kk))
-    # step: a speculative step's time over a plain step's (the bound assumes 1 + c k); effective c: (step - 1) / k,
-    # the drafter cost that --draft-cost should be given for GetStatus's expected speedup to match this run.
-    print("\nmethod         k  conc  plain tok/s  spec tok/s  speedup  accepted/drafted  mean acc len  per-token a"
-          "  cost c  bound  speedup/bound  step  (1+ck)  effective c")
-    for m, k, c, p, s, ratio, rate, mal, a, cc, b, st, kk in rows:
-        eff = f"{(st - 1) / kk:>12.2f}" if kk else f"{'-':>12}"
-        print(f"{m:<12} {k:>3} {c:>5} {p:>12.1f} {s:>11.1f} {ratio:>8.2f} {rate:>17.3f} {mal:>13.2f} {a:>12.3f}"
-              f" {cc:>7.2f} {b:>6.2f} {ratio / b:>14.2f} {st:>5.2f} {1 + cc * kk:>7.2f} {eff}")
+    cells = asyncio.run(run(args))
+    print_table(cells)
+    if args.json:
+        Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,9 @@ def _serve_args(sub) -> None:
     p.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...",
                    help="k by the engine's running sequences, e.g. 1-8:3,9-16:1,17-:0 (k 0: no drafting there; "
                         "default: k at every batch size)")
+    p.add_argument("--k-control", choices=["auto", "fixed"],
+                   help="without --k-by-batch-size: choose k (0 to --num-speculative-tokens) each engine step from "
+                        "measured step times and acceptance (auto, default), or draft k every step (fixed)")
     p.add_argument("--draft-cost", type=float, help="drafter step / target step, as bench/speculation.py measures "
                                                       "it; enables the expected-speedup estimate and warning")
 
@@ -87,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     v.add_argument("--draft-sampling", default="probabilistic", choices=["probabilistic", "greedy"])
     v.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...", help="k by batch size, as for serve")
+    v.add_argument("--k-control", default="fixed", choices=["auto", "fixed"],
+                   help="as for serve (default fixed here: every step drafts k, the strictest test)")
     v.add_argument("--samples", type=int, default=400, help="samples per prompt per side")
     v.add_argument("--max-tokens", type=int, default=4, help="continuation length tested")
     v.add_argument("--temperature", type=float, default=1.0)
@@ -130,6 +135,7 @@ def cmd_serve(args) -> int:
                              "engine.speculation.draft_sampling": args.draft_sampling,
                              "engine.speculation.draft_cost": args.draft_cost,
                              "engine.speculation.k_by_batch_size": k_schedule,
+                             "engine.speculation.k_control": args.k_control,
                              "security.token_file": args.token_file, "security.admin_token_file": args.admin_token_file,
                              "security.tls_cert": args.tls_cert, "security.tls_key": args.tls_key,
                              "security.tls_client_ca": args.tls_client_ca,
@@ -164,6 +170,7 @@ def cmd_verify_lossless(args) -> int:
                               "engine.speculation.draft_sampling": args.draft_sampling,
                               "engine.speculation.k_by_batch_size":
                                   parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else None,
+                              "engine.speculation.k_control": args.k_control,
                               }).engine.speculation
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)

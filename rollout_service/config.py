@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 
 SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "mtp")
+K_CONTROLS = ("auto", "fixed")
 
 
 class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -25,11 +26,21 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     # sequences, the first starting at 1, each k <= num_speculative_tokens; k = 0 turns drafting off for that
     # range (where verifying costs more than it gains). [] drafts k at every batch size.
     k_by_batch_size: list[tuple[int, int, int]] = msgspec.field(default_factory=list)
+    # How k is chosen each engine step when no k_by_batch_size is given: "auto" (speculation/k_controller.py:
+    # from the step times and acceptance the engine measures, 0 where drafting does not pay) or "fixed" (always k).
+    k_control: str = "auto"
     draft_sampling: str = "probabilistic"   # probabilistic | greedy drafting (draft_model, eagle3, mtp)
     prompt_lookup_min: int = 2        # ngram only
     prompt_lookup_max: int = 5        # ngram only
     draft_cost: float = -1.0          # one drafter step / one target step, as bench/speculation.py measures
                                       # it (-1: unknown; ngram counts as 0); drives the break-even warning
+
+
+def k_mode(sp: SpeculationConfig) -> str:
+    """How the engines pick k: "none" (no speculation), "schedule" (k_by_batch_size), "auto" or "fixed"."""
+    if sp.method == "none":
+        return "none"
+    return "schedule" if sp.k_by_batch_size else sp.k_control
 
 
 WEIGHT_RELOADS = ("shadow", "in_place")
@@ -200,6 +211,7 @@ def _check(cfg: ServerConfig) -> None:
          "engine.speculation: need 1 <= prompt_lookup_min <= prompt_lookup_max"),
         (sp.method not in ("draft_model", "eagle3") or sp.model,
          f"engine.speculation.model: method {sp.method} needs a drafter directory"),
+        (sp.k_control in K_CONTROLS, f"engine.speculation.k_control must be one of {', '.join(K_CONTROLS)}"),
         (not sp.k_by_batch_size or sp.method != "none",
          "engine.speculation.k_by_batch_size needs a speculation method"),
     ]

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -176,14 +177,18 @@ def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int)
             "".join("1" if h else "0" for h in hits))
 
 
-def speculation_summary(rollouts, k: int) -> dict:
+def speculation_summary(rollouts, before, after) -> dict:
+    """Acceptance of this step's samples (accepted / drafted) and the k the service chose for the steps its engines
+    ran meanwhile (GetStatus k_control before and after generating: a histogram of k by engine step)."""
     drafted = sum(r.num_drafted for r in rollouts)
     accepted = sum(r.num_accepted for r in rollouts)
-    if not drafted:
-        return {"acceptance_rate": None, "mean_acceptance_length": None}
-    rate = accepted / drafted
-    return {"acceptance_rate": rate, "mean_acceptance_length": 1 + k * rate,
-            "draft_versions": sorted({r.draft_version for r in rollouts})}
+    out = {"acceptance_rate": accepted / drafted if drafted else None,
+           "draft_versions": sorted({r.draft_version for r in rollouts}),
+           "draft_acceptance": list(after.acceptance), "k_mode": after.mode, "k_steps": [], "k_mean": None}
+    steps = [a - (before.steps_by_k[k] if k < len(before.steps_by_k) else 0) for k, a in enumerate(after.steps_by_k)]
+    if sum(steps) > 0:
+        out.update(k_steps=steps, k_mean=sum(k * n for k, n in enumerate(steps)) / sum(steps))
+    return out
 
 
 def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> list[dict]:
@@ -193,7 +198,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     torch.manual_seed(args.seed)
     trainer = Trainer(policy_dir, args, drafter_dir)
     status = client.status()
-    version, draft_version, k = status.policy_version, status.draft_version, status.num_speculative_tokens
+    version, draft_version = status.policy_version, status.draft_version
     gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature)
     cursor = [0]
 
@@ -217,6 +222,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     try:
         for step in bar:
             t0 = time.perf_counter()
+            k_before = client.status().k_control
             # 1. generate
             batch = prefetch.get(more=step + 1 < args.steps) if prefetch else generate_batch(client, *next_problems(), **gen)
             rewards = assign_advantages(batch, args.group_size)
@@ -229,7 +235,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                    "reward_mean": float(rewards.mean()),
                    "train_accuracy": sum(r.correct for r in batch.rollouts) / len(batch.rollouts),
                    "format_rate": sum(r.answer_line for r in batch.rollouts) / len(batch.rollouts),
-                   **speculation_summary(rollouts, k)}
+                   **speculation_summary(rollouts, k_before, client.status().k_control)}
             recompute_s = train_s = 0.0
             if rollouts:
                 packed = pack(rollouts)
@@ -281,12 +287,18 @@ def step_line(r: dict) -> str:
     return (f"step {r['step']:3d} v{r['policy_version']}->v{r['policy_version'] + 1}: "
             f"generate {r['generate_s']:5.1f}s  recompute {r['recompute_s']:5.1f}s  train {r['train_s']:5.1f}s  "
             f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
-            f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}  "
-            f"mean accepted length {_fmt(r['mean_acceptance_length'])}  drafter v{r['draft_version']}"
+            f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}"
+            + (f" (per position {' '.join(f'{a:.2f}' for a in r['draft_acceptance'])})" if r.get('draft_acceptance') else "")
+            + (f"  k chosen: mean {r['k_mean']:.2f}, steps by k {'/'.join(map(str, r['k_steps']))}"
+               if r.get("k_mean") is not None else "")
+            + f"  drafter v{r['draft_version']}"
             + (f"  held-out accuracy {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else ""))
 
 
 def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
+    """--drafter; else for the default model the distilled drafter, prepared once with `rollout-service
+    prepare-drafter` (progress bars, ~7-12 min on 2 cores, cached for every later run); else (a --model of your
+    own) one cut from the policy's first two layers in seconds, weak until adapted online."""
     if args.speculation != "draft_model":
         return None
     if args.drafter:
@@ -295,7 +307,11 @@ def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
     from trainer_example.drafter import build_initial_drafter
 
     cached = default_drafter_dir("draft_model")
-    if not args.model and (cached / "config.json").exists():
+    if not args.model:
+        if not (cached / "config.json").exists():
+            print("preparing the default drafter once (distilled from the policy's own samples; cached for later "
+                  "runs): rollout-service prepare-drafter", flush=True)
+            subprocess.run([sys.executable, "-m", "rollout_service.cli", "prepare-drafter"], check=True)
         return str(cached)
     return str(build_initial_drafter(policy_dir, out / "drafter-init"))
 

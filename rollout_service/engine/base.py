@@ -33,6 +33,11 @@ class Engine(abc.ABC):
     def death_reason(self) -> str:
         return ""
 
+    async def k_control_snapshot(self) -> dict | None:
+        """The k controller's state (speculation/k_controller.py KController.snapshot), or None where k is not
+        chosen automatically."""
+        return None
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Load the model; on return the engine is READY."""

@@ -88,6 +88,9 @@ class EngineActor:
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         await self.engine.set_versions(policy_version, draft_version)
 
+    async def k_control_snapshot(self) -> dict | None:
+        return await self.engine.k_control_snapshot()
+
     async def shutdown(self) -> None:
         await self.engine.shutdown()
 
@@ -224,6 +227,9 @@ class RayEngine(Engine):
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         await self.actor.set_versions.remote(policy_version, draft_version)
         self.policy_version, self.draft_version = policy_version, draft_version
+
+    async def k_control_snapshot(self) -> dict | None:
+        return await self.actor.k_control_snapshot.remote()
 
     async def shutdown(self) -> None:
         import ray

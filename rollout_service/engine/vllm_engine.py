@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from rollout_service.config import EngineConfig
+from rollout_service.config import OPEN_BATCH, EngineConfig, k_mode
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.types import SeqRequest, SeqResult
 
@@ -86,9 +86,15 @@ def speculative_config(sp) -> dict | None:
         out["draft_sample_method"] = sp.draft_sampling
     if sp.method == "ngram":
         out.update(prompt_lookup_min=sp.prompt_lookup_min, prompt_lookup_max=sp.prompt_lookup_max)
-    if sp.k_by_batch_size:     # vLLM's dynamic speculative decoding: the scheduler picks k by batch size per step
+    mode = k_mode(sp)
+    if mode == "schedule":     # vLLM's dynamic speculative decoding: the scheduler picks k by batch size per step
         out["num_speculative_tokens_per_batch_size"] = [list(r) for r in sp.k_by_batch_size]
+    elif mode == "auto":       # the same path, with the lookup replaced by the controller (speculation/k_scheduler.py)
+        out["num_speculative_tokens_per_batch_size"] = [[1, OPEN_BATCH, sp.num_speculative_tokens]]
     return out
+
+
+K_SCHEDULER = "rollout_service.speculation.k_scheduler.KControlledScheduler"
 
 
 class VllmEngine(Engine):
@@ -116,6 +122,8 @@ class VllmEngine(Engine):
         spec = speculative_config(self.cfg.speculation)
         if spec is not None:
             extra.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
+            if k_mode(self.cfg.speculation) == "auto":
+                extra.update(scheduler_cls=K_SCHEDULER)
         return AsyncEngineArgs(
             **extra,
             model=self.model_path,
@@ -145,6 +153,8 @@ class VllmEngine(Engine):
         # handler lazily on the loop that first uses it.
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args())
         await self.llm.update_weight_version(str(self.policy_version))
+        if self.draft_version:                       # a restart at a committed drafter: label the controller's data
+            await self._spec_control("drafter", self.draft_version)
         if self.cfg.weight_reload == "shadow":       # so that even the first commit collects cheaply
             await self.llm.collective_rpc("rollout_freeze_startup_objects")
         self.state = EngineState.READY
@@ -243,7 +253,17 @@ class VllmEngine(Engine):
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         await self.llm.update_weight_version(str(policy_version))
+        if draft_version != self.draft_version:
+            await self._spec_control("drafter", draft_version)
         self.policy_version, self.draft_version = policy_version, draft_version
+
+    async def _spec_control(self, command: str, arg: int = 0):
+        if self.llm is None or k_mode(self.cfg.speculation) != "auto":
+            return None
+        return await self.llm.engine_core.call_utility_async("rollout_spec_control", command, arg)
+
+    async def k_control_snapshot(self) -> dict | None:
+        return await self._spec_control("snapshot")
 
     async def shutdown(self) -> None:
         if self.llm is not None:

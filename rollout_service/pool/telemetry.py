@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 WINDOW_S = 60.0
 
@@ -25,6 +26,7 @@ class Telemetry:
         self.tokens_total = 0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens)
         self.spec: dict[tuple[int, int], SpecCounts] = {}
+        self.k_control: dict[str, dict] = {}          # engine id -> KController.snapshot(), refreshed by the supervisor
         self.registry = CollectorRegistry()
         r = self.registry
         self.m_requests = Counter("rollout_generate_requests", "Generate requests by final status code",
@@ -41,6 +43,7 @@ class Telemetry:
                                  ["policy_version", "draft_version"], registry=r)
         self.m_accepted = Counter("rollout_spec_accepted_tokens", "Draft tokens accepted",
                                   ["policy_version", "draft_version"], registry=r)
+        r.register(_KControlCollector(self))
 
     def engine_restarted(self, engine_id: str) -> None:
         self.m_restarts.labels(engine=engine_id).inc()
@@ -79,3 +82,39 @@ class Telemetry:
 
     def uptime(self) -> float:
         return time.monotonic() - self.started
+
+
+class _KControlCollector:
+    """The k controller's view (engine.speculation.k_control = "auto") in Prometheus form: a histogram of the k
+    each engine step drafted, the step time measured by batch-size bucket and k, and expected and realised
+    speedup by bucket, labelled with the drafter version they were measured for."""
+
+    def __init__(self, telemetry: Telemetry):
+        self.t = telemetry
+
+    def collect(self):
+        hist = HistogramMetricFamily("rollout_spec_k_chosen", "Engine steps by the k they drafted (k controller)",
+                                     labels=["engine"])
+        step = GaugeMetricFamily("rollout_spec_step_seconds", "Measured engine step time by batch size and k",
+                                 labels=["engine", "batch_sizes", "k"])
+        speed = GaugeMetricFamily("rollout_spec_controller_speedup", "Speedup against k = 0 at the chosen k",
+                                  labels=["engine", "batch_sizes", "draft_version", "kind"])
+        chosen = GaugeMetricFamily("rollout_spec_k_chosen_now", "k the controller currently picks",
+                                   labels=["engine", "batch_sizes"])
+        for engine, snap in sorted(self.t.k_control.items()):
+            counts, cum, buckets = snap["steps_by_k"], 0, []
+            for k, n in enumerate(counts):
+                cum += n
+                buckets.append((str(k), cum))
+            buckets.append(("+Inf", cum))
+            hist.add_metric([engine], buckets, sum_value=sum(k * n for k, n in enumerate(counts)))
+            for row in snap["buckets"]:
+                chosen.add_metric([engine, row["batch"]], row["chosen_k"])
+                for k, ms in enumerate(row["step_ms"]):
+                    if ms is not None:
+                        step.add_metric([engine, row["batch"], str(k)], ms / 1e3)
+                for kind in ("expected", "realized"):
+                    if row[f"{kind}_speedup"] is not None:
+                        speed.add_metric([engine, row["batch"], str(snap["draft_version"]), kind],
+                                         row[f"{kind}_speedup"])
+        yield from (hist, step, speed, chosen)

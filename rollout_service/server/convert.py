@@ -30,8 +30,29 @@ def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: boo
     )
 
 
+def k_control_to_proto(mode: str, snapshots: dict[str, dict]) -> pb.KControl:
+    """The engines' controller snapshots (pool.telemetry.k_control) -> KControl."""
+    out = pb.KControl(mode=mode)
+    if not snapshots:
+        return out
+    width = max(len(s["steps_by_k"]) for s in snapshots.values())
+    out.steps_by_k.extend(sum(s["steps_by_k"][k] for s in snapshots.values() if k < len(s["steps_by_k"]))
+                          for k in range(width))
+    first = snapshots[min(snapshots)]
+    out.acceptance.extend(a for a in first["acceptance"] if a is not None)
+    out.draft_version = first["draft_version"]
+    for engine, snap in sorted(snapshots.items()):
+        for row in snap["buckets"]:
+            out.choices.add(engine=engine, batch_sizes=row["batch"], chosen_k=row["chosen_k"],
+                            step_ms=[x or 0.0 for x in row["step_ms"]],
+                            expected_speedup=row["expected_speedup"] or 0.0,
+                            realized_speedup=row["realized_speedup"] or 0.0)
+    return out
+
+
 def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len: int,
-                    spec_method: str = "none", k: int = 0, draft_cost: float = -1.0) -> pb.Status:
+                    spec_method: str = "none", k: int = 0, draft_cost: float = -1.0,
+                    k_mode: str = "none") -> pb.Status:
     t = pool.telemetry
     tok_s, smp_s = t.rates()
     spec, warnings = [], []
@@ -62,7 +83,7 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
         queue_depth=pool.depth, queue_capacity=pool.max_queue, tokens_per_second=tok_s,
         samples_per_second=smp_s, speculation=spec, ready=pool.ready, uptime_s=t.uptime(),
         samples_total=t.samples_total, tokens_total=t.tokens_total, vocab_size=vocab_size,
-        max_model_len=max_model_len, warnings=warnings,
+        max_model_len=max_model_len, warnings=warnings, k_control=k_control_to_proto(k_mode, t.k_control),
     )
 
 

@@ -44,6 +44,7 @@ class LosslessReport:
     passed_distribution: bool
     passed_logprobs: bool
     notes: list[str] = field(default_factory=list)
+    k_steps: list[int] = field(default_factory=list)   # k_control auto: the speculative engine's steps by k drafted
 
     @property
     def passed(self) -> bool:
@@ -61,6 +62,7 @@ class LosslessReport:
             f"log-probs vs independent forward pass: max |diff| = {self.logprob_max_abs_err:.2e} nats "
             f"(tolerance {self.logprob_atol:g}) -> {'PASS' if self.passed_logprobs else 'FAIL'}",
             f"acceptance rate {self.acceptance_rate:.3f}, mean acceptance length {self.mean_acceptance_length:.2f}",
+            *([f"k chosen per step (auto): engine steps by k {self.k_steps}"] if self.k_steps else []),
             *self.notes,
             f"RESULT: {'LOSSLESS' if self.passed else 'NOT LOSSLESS'}",
         ]
@@ -93,7 +95,8 @@ def g_test(a: Counter, b: Counter) -> tuple[float, int, int, float]:
 
 async def _sample(model: str, engine_cfg: EngineConfig, prompts: list[list[int]], n: int, max_tokens: int,
                   temperature: float, top_k: int, top_p: float, tag: str, env: dict | None = None):
-    """(prompt index, SeqResult) for n unseeded samples of every prompt, from a fresh engine."""
+    """(prompt index, SeqResult) for n unseeded samples of every prompt, from a fresh engine; and the engine's
+    k controller snapshot (None unless k_control is auto)."""
     from rollout_service.engine.vllm_engine import VllmEngine
 
     saved = {k: os.environ.get(k) for k in (env or {})}
@@ -105,7 +108,7 @@ async def _sample(model: str, engine_cfg: EngineConfig, prompts: list[list[int]]
                                top_p=top_p, max_tokens=max_tokens, ignore_eos=True))
                 for p, ids in enumerate(prompts) for s in range(n)]
         results = await asyncio.gather(*(engine.generate(q) for _, q in seqs))
-        return [(p, r) for (p, _), r in zip(seqs, results)]
+        return [(p, r) for (p, _), r in zip(seqs, results)], await engine.k_control_snapshot()
     finally:
         await engine.shutdown()
         for k, v in saved.items():
@@ -127,7 +130,7 @@ def sample_plain(model: str, prompts: list[list[int]], *, samples: int = 400, ma
     import msgspec
 
     cfg = msgspec.structs.replace(base or DEFAULT_BASE, speculation=SpeculationConfig())
-    return asyncio.run(_sample(model, cfg, prompts, samples, max_tokens, temperature, top_k, top_p, "plain"))
+    return asyncio.run(_sample(model, cfg, prompts, samples, max_tokens, temperature, top_k, top_p, "plain"))[0]
 
 
 def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]], *, samples: int = 400,
@@ -144,7 +147,7 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
                              top_k=top_k, top_p=top_p, base=base)
     spec_cfg = msgspec.structs.replace(base or DEFAULT_BASE, speculation=spec)
     try:
-        spec_out = asyncio.run(_sample(model, spec_cfg, prompts, samples, max_tokens,
+        spec_out, k_snapshot = asyncio.run(_sample(model, spec_cfg, prompts, samples, max_tokens,
                                        spec_temperature if spec_temperature is not None else temperature,
                                        top_k, top_p, "spec", spec_env))
     except Exception as e:  # noqa: BLE001 - a crashing speculative engine is a failed check, not a test error
@@ -174,6 +177,7 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
         logprob_max_abs_err=err, logprob_atol=logprob_atol,
         passed_distribution=min_p >= alpha / len(tests), passed_logprobs=err <= logprob_atol,
         notes=[] if drafted_any else ["note: the drafter proposed nothing; this run did not exercise speculation"],
+        k_steps=list(k_snapshot["steps_by_k"]) if k_snapshot else [],
     )
 
 

@@ -28,8 +28,9 @@ def plain(tiny_model):
     return sample_plain(str(tiny_model), PROMPTS, **ARGS)
 
 
-def spec(drafter, method="draft_model"):
-    return SpeculationConfig(method=method, model=str(drafter), num_speculative_tokens=3)
+def spec(drafter, method="draft_model", k_control="fixed"):
+    """Fixed k by default: every step drafts, the strictest test of the sampler (auto has its own test)."""
+    return SpeculationConfig(method=method, model=str(drafter), num_speculative_tokens=3, k_control=k_control)
 
 
 def test_draft_model_speculation_is_lossless(tiny_model, drafter, plain):
@@ -37,6 +38,16 @@ def test_draft_model_speculation_is_lossless(tiny_model, drafter, plain):
     print(report.render())
     assert report.passed, report.render()
     assert 0.05 < report.acceptance_rate < 0.99, "the drafter should be neither useless nor perfect"
+
+
+def test_k_chosen_per_step_is_lossless(tiny_model, drafter, plain):
+    """k_control auto (the default): the controller switches k between 0 and its maximum while the check's
+    sequences run (it measures k = 3 first, then 0, then the rest). Samples must still follow the plain
+    distribution, and the engine must really have run steps at both ends."""
+    report = check_lossless(str(tiny_model), spec(drafter, k_control="auto"), PROMPTS, plain=plain, **ARGS)
+    print(report.render())
+    assert report.passed, report.render()
+    assert len(report.k_steps) == 4 and report.k_steps[0] > 0 and report.k_steps[3] > 0, report.k_steps
 
 
 def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter, plain):
@@ -190,7 +201,8 @@ def ngram_prompts(model_dir, bases):
 def test_ngram_speculation_is_lossless(tiny_model):
     prompts = ngram_prompts(tiny_model, NGRAM_PROMPTS)
     report = check_lossless(str(tiny_model), SpeculationConfig(method="ngram", num_speculative_tokens=3,
-                                                               prompt_lookup_min=1, prompt_lookup_max=3),
+                                                               prompt_lookup_min=1, prompt_lookup_max=3,
+                                                               k_control="fixed"),
                             prompts, **ARGS)
     print(report.render())
     assert report.passed, report.render()
@@ -204,7 +216,7 @@ def spec_service(tiny_model, tmp_path_factory):
     identical = perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "identical", scale=0.0)
     svc = ServiceProcess(str(tiny_model), log_path=tmp_path_factory.mktemp("logs") / "spec.log",
                          extra_args=SERVICE_ARGS + ["--speculation", "draft_model", "--draft-model", str(identical),
-                                                    "--num-speculative-tokens", "3"]).start()
+                                                    "--num-speculative-tokens", "3", "--k-control", "fixed"]).start()
     with RolloutClient(svc.target) as c:
         yield svc, c
     assert svc.stop() == 0
@@ -254,3 +266,35 @@ def test_speculative_service_logprobs_match_reference(spec_service, tiny_model):
         for s in group:
             ref = processed_logprobs(model, PROMPTS[s.prompt_index], s.token_ids.tolist(), 0.9, 0, 0.95)
             np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=2e-3, rtol=0)
+
+
+def test_k_controller_follows_the_drafter(tiny_model, tmp_path):
+    """A service choosing k itself (the default): with a drafter identical to the policy it drafts and its
+    measured acceptance is near 1; after UpdateDraft to a useless drafter it forgets that acceptance, re-measures
+    it (steps at k = 3 and at k = 0 again) and reports the new drafter's, in GetStatus and /metrics."""
+    identical = perturbed_copy(tiny_model, tmp_path / "identical", scale=0.0)
+    useless = perturbed_copy(tiny_model, tmp_path / "useless", scale=3.0, seed=3)
+    svc = ServiceProcess(str(tiny_model), log_path=tmp_path / "auto.log",
+                         extra_args=SERVICE_ARGS + ["--speculation", "draft_model", "--draft-model", str(identical),
+                                                    "--num-speculative-tokens", "3"]).start()
+    try:
+        with RolloutClient(svc.target) as c:
+            def run_and_status():
+                list(c.generate(PROMPTS, n=8, max_tokens=48, ignore_eos=True, temperature=1.0))
+                import time
+                time.sleep(2.5)                 # the supervisor copies the engines' controller state every second
+                return c.status().k_control
+            k1 = run_and_status()
+            assert k1.mode == "auto" and k1.draft_version == 0
+            assert k1.steps_by_k[3] > 0 and k1.acceptance[0] > 0.9, k1
+            assert k1.choices and all(len(ch.step_ms) == 4 for ch in k1.choices)
+            from transformers import AutoModelForCausalLM
+            c.update_draft(AutoModelForCausalLM.from_pretrained(useless, dtype=torch.float32), 1)
+            k2 = run_and_status()
+            assert k2.draft_version == 1 and k2.acceptance[0] < 0.5, k2
+            assert k2.steps_by_k[3] > k1.steps_by_k[3] and k2.steps_by_k[0] > k1.steps_by_k[0], (k1, k2)
+            code, text = svc.http_get("/metrics")
+            assert code == 200 and 'rollout_spec_k_chosen_bucket{engine="engine-0",le="3"}' in text
+            assert "rollout_spec_step_seconds{" in text
+    finally:
+        assert svc.stop() == 0

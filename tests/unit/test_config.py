@@ -60,8 +60,27 @@ def test_k_by_batch_size_from_toml_reaches_vllm(tmp_path):
     sp = load_config(f).engine.speculation
     assert sp.k_by_batch_size == [(1, 4, 3), (5, 16, 1), (17, 64, 0)]
     assert speculative_config(sp)["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 16, 1], [17, 64, 0]]
-    assert "num_speculative_tokens_per_batch_size" not in speculative_config(load_config(
-        **{"engine.speculation.method": "ngram"}).engine.speculation)
+    fixed = load_config(**{"engine.speculation.method": "ngram", "engine.speculation.k_control": "fixed"})
+    assert "num_speculative_tokens_per_batch_size" not in speculative_config(fixed.engine.speculation)
+
+
+def test_k_control_auto_is_the_default_and_uses_the_controlled_scheduler():
+    from rollout_service.config import OPEN_BATCH, k_mode
+    from rollout_service.engine.vllm_engine import K_SCHEDULER, VllmEngine, speculative_config
+
+    cfg = load_config(**{"engine.speculation.method": "ngram"})
+    sp = cfg.engine.speculation
+    assert k_mode(sp) == "auto"
+    # vLLM's dynamic-k path is on (no padding to a fixed k); the controller replaces its lookup
+    assert speculative_config(sp)["num_speculative_tokens_per_batch_size"] == [[1, OPEN_BATCH, 3]]
+    assert VllmEngine("e", "m", cfg.engine).engine_args().scheduler_cls == K_SCHEDULER
+    fixed = load_config(**{"engine.speculation.method": "ngram", "engine.speculation.k_control": "fixed"}).engine
+    assert VllmEngine("e", "m", fixed).engine_args().scheduler_cls is None
+    assert k_mode(load_config().engine.speculation) == "none"
+    assert k_mode(load_config(**{"engine.speculation.method": "ngram",
+                                 "engine.speculation.k_by_batch_size": [(1, 4, 3)]}).engine.speculation) == "schedule"
+    with pytest.raises(ConfigError, match="k_control must be one of auto, fixed"):
+        load_config(**{"engine.speculation.method": "ngram", "engine.speculation.k_control": "smart"})
 
 
 def test_k_schedule_flag_syntax():

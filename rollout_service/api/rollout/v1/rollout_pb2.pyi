@@ -282,7 +282,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len")
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +301,7 @@ class Status(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    K_CONTROL_FIELD_NUMBER: _ClassVar[int]
     model: str
     policy_version: int
     draft_version: int
@@ -319,4 +320,35 @@ class Status(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     vocab_size: int
     max_model_len: int
-    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    k_control: KControl
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ...) -> None: ...
+
+class KControl(_message.Message):
+    __slots__ = ("mode", "steps_by_k", "acceptance", "draft_version", "choices")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_BY_K_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    steps_by_k: _containers.RepeatedScalarFieldContainer[int]
+    acceptance: _containers.RepeatedScalarFieldContainer[float]
+    draft_version: int
+    choices: _containers.RepeatedCompositeFieldContainer[KChoice]
+    def __init__(self, mode: _Optional[str] = ..., steps_by_k: _Optional[_Iterable[int]] = ..., acceptance: _Optional[_Iterable[float]] = ..., draft_version: _Optional[int] = ..., choices: _Optional[_Iterable[_Union[KChoice, _Mapping]]] = ...) -> None: ...
+
+class KChoice(_message.Message):
+    __slots__ = ("engine", "batch_sizes", "chosen_k", "step_ms", "expected_speedup", "realized_speedup")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_K_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    REALIZED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    batch_sizes: str
+    chosen_k: int
+    step_ms: _containers.RepeatedScalarFieldContainer[float]
+    expected_speedup: float
+    realized_speedup: float
+    def __init__(self, engine: _Optional[str] = ..., batch_sizes: _Optional[str] = ..., chosen_k: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ..., realized_speedup: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,76 @@
+"""What speculation costs when it drafts nothing: each method with k = 0 at every step against the plain engine,
+interleaved in one run (not a test).
+
+    .venv/bin/python bench/k_zero.py [--methods draft_model,eagle3,ngram] [--concurrency 8,32] [--rounds 2]
+
+Where the k controller (speculation/k_controller.py) decides that drafting does not pay, an engine runs k = 0;
+what such a step still costs over a plain engine's step is the floor under the controller's worst case. Each
+speculative engine is configured with k_by_batch_size = [[1, any, 0]] (vLLM's dynamic speculative decoding with
+k 0 everywhere) and measured plain, k0, plain, k0, ... at each concurrency (same workload as
+bench/speculation.py). Prints tok/s and the ratio per round.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from speculation import held, start  # bench/speculation.py
+
+
+async def run(args) -> None:
+    from transformers import AutoTokenizer
+
+    from rollout_service.cli import resolve_model
+    from rollout_service.config import OPEN_BATCH, SpeculationConfig
+    from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
+
+    model = resolve_model(args.model)
+    drafters = {"draft_model": str(default_drafter_dir("draft_model")), "eagle3": str(default_drafter_dir("eagle3")),
+                "ngram": ""}
+    conc = [int(x) for x in args.concurrency.split(",")]
+    n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
+    prompts = task_prompts(AutoTokenizer.from_pretrained(model), (max(n_of.values()) + 3) // 4, start=50_000)
+    plain = await start(model, SpeculationConfig())
+    rows = []
+    try:
+        for method in args.methods.split(","):
+            eng = await start(model, SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=3,
+                                                       k_by_batch_size=[(1, OPEN_BATCH, 0)]))
+            try:
+                for c in conc:
+                    for r in range(args.rounds):
+                        p = await held(plain, prompts, c, n_of[c], args.max_tokens, "plain")
+                        s = await held(eng, prompts, c, n_of[c], args.max_tokens, f"{method} k=0")
+                        rows.append((method, c, r, p["tok_s"], s["tok_s"]))
+                        print(f"{method:<11} conc {c:>2} round {r}: plain {p['tok_s']:7.1f} tok/s, k=0 {s['tok_s']:7.1f} "
+                              f"tok/s, ratio {s['tok_s'] / p['tok_s']:.3f}", flush=True)
+            finally:
+                await eng.shutdown()
+    finally:
+        await plain.shutdown()
+    print("\nmethod       conc  k=0 / plain (mean of rounds)")
+    for method in dict.fromkeys(m for m, *_ in rows):
+        for c in conc:
+            ratios = [s / p for m, cc, _, p, s in rows if m == method and cc == c]
+            print(f"{method:<11} {c:>5}  {sum(ratios) / len(ratios):.3f}  ({', '.join(f'{x:.3f}' for x in ratios)})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--methods", default="draft_model,eagle3,ngram")
+    ap.add_argument("--concurrency", default="8,32")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--samples-per-slot", type=int, default=2)
+    asyncio.run(run(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

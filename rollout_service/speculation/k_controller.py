@@ -1,0 +1,163 @@
+"""Choose k (drafts per sequence, 0 to k_max) for every engine step, from what the engine measures while it serves.
+
+Pure bookkeeping, no vLLM: the engine's scheduler (speculation/k_scheduler.py) asks `choose(batch)` each step and
+reports every finished step with `observe(...)`. Two things are measured:
+
+- the step time T(b, k) by batch-size bucket (1, 2, 3-4, 5-8, ...) and k, an exponential moving average over
+  pure decode steps that verified the drafts of the same k they drafted (the first step after a switch mixes two
+  ks and is not counted; prefill steps are not counted);
+- the per-position acceptance a_i of the drafter in use: of the sequence-steps that reached draft position i
+  (every earlier draft accepted), the fraction that accepted it. A sequence the drafter proposed nothing for
+  (n-gram without a match) counts as rejected. Acceptance does not depend on the batch, so every bucket shares it.
+  It is forgotten when the drafter changes (`drafter_changed`) and decays so that it follows the moving policy.
+
+Expected tokens per sequence-step at k is L(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k, so the controller picks
+argmax_k L(k) / T(b, k): k = 0 (no drafting, L = 1) wherever verifying costs more than the drafts bring in.
+A (bucket, k) cell without enough measurements is tried first (k_max first, so every position's acceptance gets
+measured), and a neighbour of the best k is re-tried every `explore_every` decisions to follow drift and a
+moving drafter. A decision holds for `dwell` steps of the same bucket.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+def bucket_of(batch: int) -> int:
+    """Batch size -> bucket index: 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, 9-16 -> 4, ..."""
+    return max(0, (max(1, batch) - 1).bit_length())
+
+
+def bucket_name(bucket: int) -> str:
+    lo, hi = (1 << (bucket - 1)) + 1 if bucket else 1, 1 << bucket
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+@dataclass
+class Cell:
+    """One (bucket, k): step time (seconds) and tokens per sequence-step, as exponential moving averages."""
+    seconds: float = 0.0
+    tokens: float = 1.0
+    n: int = 0
+
+
+class KController:
+    def __init__(self, k_max: int, *, dwell: int = 8, min_obs: int = 6, explore_every: int = 40,
+                 alpha: float = 0.1, window: float = 4000.0, min_sequences: int = 32, seed: int = 0):
+        if k_max < 1:
+            raise ValueError("k_max must be >= 1")
+        self.k_max, self.dwell, self.min_obs, self.explore_every = k_max, dwell, min_obs, explore_every
+        self.alpha, self.window, self.min_sequences = alpha, window, min_sequences
+        self.rng = random.Random(seed)
+        self.cells: dict[tuple[int, int], Cell] = {}
+        self.reached = [0.0] * (k_max + 1)     # [i]: sequence-steps that reached draft position i (1-based)
+        self.accepted = [0.0] * (k_max + 1)    # [i]: ... and accepted it
+        self.draft_version = 0
+        self.steps_by_k = [0] * (k_max + 1)    # every step scheduled, by the k it drafted
+        self.decisions = 0
+        self._current: dict[int, tuple[int, int]] = {}   # bucket -> (k, steps left)
+
+    # ---- what the scheduler calls ---------------------------------------------------------------------------
+    def choose(self, batch: int) -> int:
+        b = bucket_of(batch)
+        k, left = self._current.get(b, (-1, 0))
+        if left <= 0:
+            k = self._decide(b)
+            left = self.dwell
+        self._current[b] = (k, left - 1)
+        self.steps_by_k[k] += 1
+        return k
+
+    def observe(self, batch: int, k: int, seconds: float, accepted_counts: list[int] | None = None) -> None:
+        """A finished pure-decode step that verified k drafts per sequence and drafted k again: its time, and per
+        sequence the number of drafts accepted (None or [] when k = 0)."""
+        cell = self.cells.setdefault((bucket_of(batch), k), Cell())
+        tokens = 1 + sum(accepted_counts) / len(accepted_counts) if k and accepted_counts else 1.0
+        if cell.n == 0:
+            cell.seconds, cell.tokens = seconds, tokens
+        else:
+            cell.seconds += self.alpha * (seconds - cell.seconds)
+            cell.tokens += self.alpha * (tokens - cell.tokens)
+        cell.n += 1
+        if k and accepted_counts:
+            for j in accepted_counts:
+                for i in range(1, min(j + 1, k) + 1):      # positions 1..j accepted, j + 1 (if <= k) rejected
+                    self.reached[i] += 1
+                    if i <= j:
+                        self.accepted[i] += 1
+            if self.reached[1] > self.window:                # forget slowly: follow a moving policy
+                self.reached = [x / 2 for x in self.reached]
+                self.accepted = [x / 2 for x in self.accepted]
+
+    def drafter_changed(self, version: int) -> None:
+        """A new drafter: its acceptance is unknown until measured (step times still hold)."""
+        self.draft_version = version
+        self.reached = [0.0] * (self.k_max + 1)
+        self.accepted = [0.0] * (self.k_max + 1)
+        self._current.clear()
+
+    # ---- the model ------------------------------------------------------------------------------------------
+    def acceptance_known(self) -> bool:
+        return self.reached[1] >= self.min_sequences
+
+    def acceptance(self) -> list[float | None]:
+        """a_1..a_k_max, smoothed toward 1/2 by one pseudo-observation (a position nobody reached, behind one
+        that is rarely accepted, adds almost nothing either way); None until enough sequence-steps drafted."""
+        if not self.acceptance_known():
+            return [None] * self.k_max
+        return [(self.accepted[i] + 0.5) / (self.reached[i] + 1) for i in range(1, self.k_max + 1)]
+
+    def mean_length(self, k: int) -> float | None:
+        """L(k) = 1 + a_1 + a_1 a_2 + ...; None while the acceptance is unmeasured."""
+        if k and not self.acceptance_known():
+            return None
+        total, prod = 1.0, 1.0
+        for a in self.acceptance()[:k]:
+            prod *= a
+            total += prod
+        return total
+
+    def rate(self, b: int, k: int) -> float | None:
+        """Expected tokens per sequence per second at bucket b and k (None: not measured enough)."""
+        cell, length = self.cells.get((b, k)), self.mean_length(k)
+        if cell is None or cell.n < self.min_obs or length is None or cell.seconds <= 0:
+            return None
+        return length / cell.seconds
+
+    def _decide(self, b: int) -> int:
+        self.decisions += 1
+        if not self.acceptance_known():
+            return self.k_max                 # measures every position's acceptance at once
+        for k in (0, self.k_max, *range(1, self.k_max)):
+            cell = self.cells.get((b, k))
+            if cell is None or cell.n < self.min_obs:
+                return k
+        best = self.best(b)
+        if self.decisions % self.explore_every == 0:
+            return self.rng.choice([k for k in (best - 1, best + 1) if 0 <= k <= self.k_max])
+        return best
+
+    def best(self, b: int) -> int:
+        rates = {k: self.rate(b, k) for k in range(self.k_max + 1)}
+        known = {k: r for k, r in rates.items() if r is not None}
+        return max(known, key=known.get) if known else 0
+
+    # ---- reporting ------------------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Plain data (it crosses a process boundary as msgpack): what GetStatus and /metrics show."""
+        buckets = sorted({b for b, _ in self.cells})
+        rows = []
+        for b in buckets:
+            plain, best = self.cells.get((b, 0)), self.best(b)
+            chosen, cell = self.rate(b, best), self.cells.get((b, best))
+            measured = plain is not None and plain.n >= self.min_obs and cell is not None and cell.n >= self.min_obs
+            rows.append({
+                "batch": bucket_name(b), "chosen_k": best,
+                "step_ms": [round(self.cells[(b, k)].seconds * 1e3, 3) if (b, k) in self.cells else None
+                            for k in range(self.k_max + 1)],
+                # L(k*) from the acceptance model, and the tokens per sequence-step the chosen cell really made
+                "expected_speedup": chosen * plain.seconds if measured and chosen else None,
+                "realized_speedup": cell.tokens / cell.seconds * plain.seconds if measured else None,
+            })
+        return {"k_max": self.k_max, "draft_version": self.draft_version, "steps_by_k": list(self.steps_by_k),
+                "acceptance": self.acceptance(), "buckets": rows}

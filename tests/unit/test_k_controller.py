@@ -1,0 +1,109 @@
+"""The k controller's decisions on synthetic engines: step time T(b, k) and acceptance a per position given."""
+import random
+
+from rollout_service.speculation.k_controller import KController, bucket_name, bucket_of
+
+
+def drive(ctl: KController, batch: int, step_s, accept: float, steps: int, seed: int = 0) -> list[int]:
+    """Run `steps` engine steps at `batch` sequences: the controller picks k, the synthetic engine answers with
+    step_s(k) seconds and per sequence the drafts accepted (each accepted with probability `accept`)."""
+    rng, chosen, last = random.Random(seed), [], None
+    for _ in range(steps):
+        k = ctl.choose(batch)
+        counts = []
+        for _ in range(batch):
+            j = 0
+            while j < k and rng.random() < accept:
+                j += 1
+            counts.append(j)
+        if k == last:                      # the scheduler reports only steps that verified the same k
+            ctl.observe(batch, k, step_s(k), counts if k else None)
+        chosen.append(k)
+        last = k
+    return chosen
+
+
+def settled(chosen: list[int]) -> int:
+    tail = chosen[-200:]
+    return max(set(tail), key=tail.count)
+
+
+def test_buckets():
+    assert [bucket_of(b) for b in (1, 2, 3, 4, 5, 8, 9, 64)] == [0, 1, 2, 2, 3, 3, 4, 6]
+    assert [bucket_name(b) for b in (0, 1, 2, 3, 6)] == ["1", "2", "3-4", "5-8", "33-64"]
+
+
+def test_picks_zero_where_verifying_costs_more_than_it_brings():
+    # a 32-sequence step on these CPUs: verifying k drafts costs ~(1 + 0.9 k) plain steps; a = 0.45 gives L(3) = 1.8
+    ctl = KController(3)
+    chosen = drive(ctl, 32, lambda k: 0.05 * (1 + 0.9 * k), 0.45, 1200)
+    assert settled(chosen) == 0
+    assert chosen[-200:].count(0) >= 180           # exploration of a neighbour stays rare
+
+
+def test_picks_k_max_where_verifying_is_nearly_free():
+    # one sequence: verifying costs ~(1 + 0.05 k); a = 0.6 makes every extra draft pay
+    ctl = KController(3)
+    assert settled(drive(ctl, 1, lambda k: 0.02 * (1 + 0.05 * k), 0.6, 1200)) == 3
+
+
+def test_picks_the_interior_optimum():
+    # L(k)/T(k) with a = 0.5, T = 1 + 0.3 k: k=0 1.0, k=1 1.15, k=2 1.09, k=3 0.98 -> 1
+    ctl = KController(3)
+    assert settled(drive(ctl, 4, lambda k: 0.03 * (1 + 0.3 * k), 0.5, 2000)) == 1
+
+
+def test_buckets_decide_independently():
+    ctl = KController(3)
+    drive(ctl, 1, lambda k: 0.02 * (1 + 0.05 * k), 0.6, 800)
+    drive(ctl, 64, lambda k: 0.10 * (1 + 1.2 * k), 0.6, 800)
+    assert ctl.best(bucket_of(1)) == 3 and ctl.best(bucket_of(64)) == 0
+
+
+def test_reacts_to_a_new_drafter():
+    ctl = KController(3)
+
+    def cost(k):
+        return 0.02 * (1 + 0.15 * k)
+
+    assert settled(drive(ctl, 2, cost, 0.05, 1000)) == 0     # a useless drafter: no drafting
+    ctl.drafter_changed(7)
+    assert ctl.acceptance() == [None, None, None]             # its acceptance is unknown until measured
+    assert settled(drive(ctl, 2, cost, 0.7, 1000)) == 3      # a good one: draft k_max
+    assert ctl.snapshot()["draft_version"] == 7
+
+
+def test_snapshot_is_plain_data():
+    ctl = KController(2)
+    drive(ctl, 8, lambda k: 0.04 * (1 + 0.2 * k), 0.5, 300)
+    snap = ctl.snapshot()
+    assert snap["k_max"] == 2 and sum(snap["steps_by_k"]) == 300
+    row = snap["buckets"][0]
+    assert row["batch"] == "5-8" and len(row["step_ms"]) == 3 and row["step_ms"][0] > 0
+    assert row["expected_speedup"] is not None and row["expected_speedup"] > 1.0
+    assert all(0 < a < 1 for a in snap["acceptance"])
+
+
+def test_status_and_metrics_show_the_controller():
+    """A snapshot as the supervisor copies it into telemetry -> GetStatus.k_control and Prometheus lines."""
+    from prometheus_client import generate_latest
+
+    from rollout_service.pool.telemetry import Telemetry
+    from rollout_service.server.convert import k_control_to_proto
+
+    ctl = KController(3)
+    drive(ctl, 1, lambda k: 0.02 * (1 + 0.05 * k), 0.6, 400)
+    drive(ctl, 32, lambda k: 0.05 * (1 + 0.9 * k), 0.6, 400)
+    t = Telemetry()
+    t.k_control["engine-0"] = ctl.snapshot()
+    msg = k_control_to_proto("auto", t.k_control)
+    assert msg.mode == "auto" and list(msg.steps_by_k) == ctl.steps_by_k and len(msg.acceptance) == 3
+    by_batch = {c.batch_sizes: c for c in msg.choices}
+    assert by_batch["1"].chosen_k == 3 and by_batch["17-32"].chosen_k == 0
+    assert by_batch["1"].expected_speedup > 1.2 and by_batch["1"].realized_speedup > 1.2
+    text = generate_latest(t.registry).decode()
+    assert f'rollout_spec_k_chosen_bucket{{engine="engine-0",le="0"}} {float(ctl.steps_by_k[0])}' in text
+    assert f'rollout_spec_k_chosen_count{{engine="engine-0"}} {float(sum(ctl.steps_by_k))}' in text
+    assert 'rollout_spec_step_seconds{batch_sizes="17-32",engine="engine-0",k="0"}' in text
+    assert 'rollout_spec_k_chosen_now{batch_sizes="1",engine="engine-0"} 3.0' in text
+    assert k_control_to_proto("fixed", {}).mode == "fixed"
