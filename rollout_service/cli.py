@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n", type=int, default=4)
     d.add_argument("--max-tokens", type=int, default=96)
     sub.add_parser("check-stubs", help="exit 1 when the committed gRPC stubs are stale")
+    from rollout_service.perfmodel.simulate import add_args as simulate_args
+
+    simulate_args(sub.add_parser("simulate", help="project speculation and RL step times onto GPUs (or this CPU) "
+                                                  "from per-position acceptance: the performance model"))
     pd = sub.add_parser("prepare-drafter", help="train a drafter for the default model on its own samples of the "
                                                  "trainer task (once, cached; minutes on CPU): a distilled 2-layer "
                                                  "draft model or an EAGLE-3 head")
@@ -214,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "verify-lossless":
         return cmd_verify_lossless(args)
+    if args.cmd == "simulate":
+        from rollout_service.perfmodel.simulate import run as simulate
+
+        return simulate(args)
     if args.cmd == "check-stubs":
         from rollout_service.protogen import main as protogen_main
 
