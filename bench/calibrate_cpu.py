@@ -1,0 +1,175 @@
+"""Calibrate the performance model's CPU profile (rollout_service/perfmodel) on this machine (not a test; ~8 min).
+
+    .venv/bin/python bench/calibrate_cpu.py [--batches 1,4,8,16,32,64] [--ks 1,3] [--methods eagle3,draft_model]
+                                            [--out bench/results/cpu_calibration.json]
+    .venv/bin/python bench/calibrate_cpu.py --refit     # fit again from the measurements already in --out
+
+Measures real vLLM engine steps on the default model, with the engine settings bench/speculation.py uses
+(VllmEngine, max_model_len 1024, the task's prompts, temperature 1.0, seeded):
+- plain decode steps at each batch size B (B sequences of --tokens new tokens, EOS ignored);
+- speculative steps (verify k + 1 tokens per sequence, k drafter steps) for each drafter method and k, at each B.
+Step time = the wall-time difference of two runs (--tokens and --tokens / 4 new tokens, which cancels prefill)
+over the difference in engine steps (plain: tokens; speculative: the samples' verify steps). vLLM's
+`rejection_sample_method="synthetic"` would fix acceptance, but its CPU kernels ignore the synthetic rates
+(vllm/utils/cpu_triton_utils.py: "not yet implemented"), so steps are counted instead; acceptance only changes
+how many steps a run takes, not what one costs.
+
+The fit (`fit` in the JSON, read by perfmodel.hardware.cpu_from_calibration):
+- plain steps -> overhead_s, mem_bw, flops of the roofline T(B) = overhead + max(weight bytes / mem_bw,
+  FLOPs / flops) (perfmodel/step.py) by grid search on relative error;
+- speculative steps -> what verifying a k + 1 wide step predicts from that roofline, the rest is drafting:
+  T_spec(B, k) - forward(B, k + 1) = k (d0 + d1 B) + e, least squares per method for the drafter step
+  (d0, d1) -> draft_steps[method], and e (spec_overhead_s, shared).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+async def timed(eng, prompts, batch: int, tokens: int, tag: str) -> tuple[float, float]:
+    """(wall seconds, engine steps) for `batch` sequences of `tokens` new tokens generated together."""
+    from rollout_service.engine.types import SeqRequest
+
+    reqs = [SeqRequest(seq_id=f"cal-{tag}-{batch}-{tokens}-{i}-{time.monotonic_ns()}", prompt_token_ids=prompts[i],
+                       temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=7 + i) for i in range(batch)]
+    t = time.perf_counter()
+    out = await asyncio.gather(*(eng.generate(r) for r in reqs))
+    wall = time.perf_counter() - t
+    steps = max(r.spec_steps + (len(r.token_ids) - r.spec_steps - r.num_accepted) for r in out) \
+        if any(r.spec_steps for r in out) else tokens
+    return wall, float(steps)
+
+
+async def measure(model: str, spec, prompts, batches: list[int], tokens: int, tag: str) -> list[dict]:
+    from rollout_service.config import EngineConfig
+    from rollout_service.engine.vllm_engine import VllmEngine
+
+    eng = VllmEngine("calibrate", model, EngineConfig(max_model_len=1024, kv_cache_gb=1.5, speculation=spec))
+    await eng.start()
+    rows = []
+    try:
+        await timed(eng, prompts, 2, 8, "warm")
+        for b in batches:
+            short, long_ = tokens // 4, tokens
+            w1, s1 = await timed(eng, prompts, b, short, tag)
+            w2, s2 = await timed(eng, prompts, b, long_, tag)
+            step = (w2 - w1) / max(1.0, s2 - s1)
+            rows.append({"batch": b, "step_s": round(step, 5), "steps": [s1, s2], "wall_s": [round(w1, 3), round(w2, 3)]})
+            print(f"  {tag:<16} batch {b:>3}: {step * 1e3:8.2f} ms/step", flush=True)
+    finally:
+        await eng.shutdown()
+    return rows
+
+
+def fit(cal: dict) -> dict:
+    """Fitted CPU profile fields from the measurements (see the module docstring)."""
+    import numpy as np
+
+    from rollout_service.perfmodel import model as pm
+    from rollout_service.perfmodel.hardware import Hardware
+    from rollout_service.perfmodel.step import forward
+
+    m = pm.from_config(cal["model_config"], name="target")
+    ctx, bpp = cal["context"], cal["bytes_per_param"]
+    plain = [(r["batch"], r["step_s"]) for r in cal["plain"]]
+
+    def hw(o, bw, fl, **kw):
+        return Hardware("cpu", mem_bw=bw, flops=fl, mem_bytes=24 * 2**30, link_bw=1e12, push_bw=2e9, overhead_s=o,
+                        draft_overhead_s=0.0, allreduce_latency_s=0.0, bytes_per_param=bpp, **kw)
+
+    best = None
+    t1 = min(t for _, t in plain)
+    for o in np.linspace(0.0, t1 * 0.95, 40):
+        for bw in np.geomspace(1e9, 1e12, 40):
+            for fl in np.geomspace(1e10, 1e13, 60):
+                h = hw(o, bw, fl)
+                err = sum(abs(forward(m, h, b, 1, ctx).seconds / t - 1) for b, t in plain)
+                if best is None or err < best[0]:
+                    best = (err, o, bw, fl)
+    _, o, bw, fl = best
+    h = hw(o, bw, fl)
+    out = {"overhead_s": float(o), "mem_bw": float(bw), "flops": float(fl), "bytes_per_param": bpp,
+           "plain_mean_abs_error": round(float(best[0]) / len(plain), 4), "draft_steps": {}}
+    # speculative: T - forward(B, k + 1) = k d0 + k B d1 + e, per method; e shared -> one least-squares system
+    methods = sorted({r["method"] for r in cal.get("spec", [])})
+    rows, rhs = [], []
+    for r in cal.get("spec", []):
+        j = methods.index(r["method"])
+        x = [0.0] * (2 * len(methods) + 1)
+        x[2 * j], x[2 * j + 1], x[-1] = r["k"], r["k"] * r["batch"], 1.0
+        rows.append(x)
+        rhs.append((r["step_s"] - forward(m, h, r["batch"], r["k"] + 1, ctx).seconds) / r["step_s"])
+        rows[-1] = [v / r["step_s"] for v in x]              # relative errors: weight every cell alike
+    if rows:
+        sol, *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
+        for j, meth in enumerate(methods):
+            out["draft_steps"][meth] = [max(0.0, float(sol[2 * j])), max(0.0, float(sol[2 * j + 1]))]
+        out["spec_overhead_s"] = max(0.0, float(sol[-1]))
+    return out
+
+
+async def run(args) -> dict:
+    from transformers import AutoTokenizer
+
+    from rollout_service.cli import resolve_model
+    from rollout_service.config import SpeculationConfig
+    from rollout_service.engine.vllm_engine import resolve_dtype
+    from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
+
+    model = resolve_model(args.model)
+    batches = [int(x) for x in args.batches.split(",")]
+    prompts = task_prompts(AutoTokenizer.from_pretrained(model), max(batches), start=90_000)
+    prompt_len = sum(len(p) for p in prompts) / len(prompts)
+    dtype = resolve_dtype("auto")
+    cal = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"), "model": model,
+           "model_config": json.loads((Path(model) / "config.json").read_text()), "dtype": dtype,
+           "bytes_per_param": 4 if dtype == "float32" else 2, "prompt_len": round(prompt_len, 1),
+           "context": round(prompt_len + args.tokens * 5 / 8, 1), "tokens": args.tokens, "plain": [], "spec": []}
+    print(f"calibrating on {model} ({dtype}); batches {batches}; prompt {prompt_len:.0f} tokens", flush=True)
+    cal["plain"] = await measure(model, SpeculationConfig(), prompts, batches, args.tokens, "plain")
+    drafters = {"eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")),
+                "draft_model": args.draft_model or str(default_drafter_dir("draft_model"))}
+    for method in args.methods.split(","):
+        if not Path(drafters[method]).exists():
+            print(f"  {method}: no drafter at {drafters[method]}; skipped", flush=True)
+            continue
+        cal.setdefault("drafters", {})[method] = drafters[method]
+        for k in (int(x) for x in args.ks.split(",")):
+            spec = SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=k, k_control="fixed")
+            for r in await measure(model, spec, prompts, batches, args.tokens, f"{method} k={k}"):
+                cal["spec"].append({"method": method, "k": k, **r})
+    return cal
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--batches", default="1,4,8,16,32,64")
+    ap.add_argument("--ks", default="1,3")
+    ap.add_argument("--methods", default="eagle3,draft_model")
+    ap.add_argument("--eagle3-head")
+    ap.add_argument("--draft-model")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per sequence in the long run")
+    ap.add_argument("--out", default="bench/results/cpu_calibration.json")
+    ap.add_argument("--refit", action="store_true", help="only fit again from the measurements in --out")
+    args = ap.parse_args()
+    cal = json.loads(Path(args.out).read_text()) if args.refit else asyncio.run(run(args))
+    cal["fit"] = fit(cal)
+    Path(args.out).write_text(json.dumps(cal, indent=1) + "\n")
+    f = cal["fit"]
+    print(f"fit: overhead {f['overhead_s'] * 1e3:.1f} ms, mem_bw {f['mem_bw'] / 1e9:.1f} GB/s, flops "
+          f"{f['flops'] / 1e9:.1f} GFLOP/s (plain steps within {f['plain_mean_abs_error']:.1%} on average); "
+          f"drafter steps {f['draft_steps']}; spec overhead {f.get('spec_overhead_s', 0) * 1e3:.1f} ms")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

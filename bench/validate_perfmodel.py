@@ -1,0 +1,117 @@
+"""Validate the performance model on this machine: predict every cell of the latest speculation benchmark from the
+CPU calibration and each cell's measured acceptance only (never its throughput), and compare (not a test).
+
+    .venv/bin/python bench/validate_perfmodel.py [--calibration bench/results/cpu_calibration.json]
+        [--cells bench/results/speculation.json | --table bench/results/speculation.txt]
+        [--out bench/results/simulator_validation.json]
+
+Per cell (method, k, concurrency C, per-token acceptance a): the model's speculative rate over its plain rate at C
+sequences, at the calibration's context:
+- fixed k: L(a, k) T_plain(C) / T_spec(C, k)   (perfmodel/rollout.py, step.py; T fitted to the calibration)
+- auto (the controller) and dyn (a k-by-batch-size schedule): the k it would pick (auto: the best of 0..k_max,
+  k_max being the method's fixed k in the same run; dyn: the schedule's k at C), where k = 0 with an EAGLE-3 head
+  still costs one head step (vLLM keeps the head's KV cache in sync; README, Speculation on vs off).
+Errors are |predicted - measured| / measured of the speedup. Plain tok/s is predicted too, for information only:
+this machine drifts up to 3x within a day, so absolute rates are not comparable across runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+from rollout_service.perfmodel import hardware
+from rollout_service.perfmodel import model as pm
+from rollout_service.perfmodel.rollout import Engine, mean_length
+from rollout_service.perfmodel.step import Drafter
+
+DYN = ((1, 4, 3), (5, 16, 1), (17, 10**9, 0))      # the schedule of the .txt table's dyn rows
+
+
+def read_table(path: Path) -> list[dict]:
+    """Cells of bench/speculation.py's older text table (method, k or dyn, conc, plain, spec, speedup, ...)."""
+    cells = []
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if len(f) >= 10 and f[0] in ("eagle3", "draft_model", "ngram") and re.fullmatch(r"\d+|dyn", f[1]):
+            cells.append({"method": f[0], "k": f[1] if f[1] == "dyn" else int(f[1]), "concurrency": int(f[2]),
+                          "plain_tok_s": float(f[3]), "spec_tok_s": float(f[4]), "speedup": float(f[5]),
+                          "per_token_acceptance": float(f[8]), "drafter_cost": float(f[9])})
+    return cells
+
+
+def k_max_of(cells: list[dict], method: str) -> int:
+    fixed = [c["k"] for c in cells if c["method"] == method and isinstance(c["k"], int)]
+    return max(fixed) if fixed else 3
+
+
+def predict(cell: dict, cells: list[dict], target: pm.Transformer, hw: hardware.Hardware, ctx: float) -> dict:
+    method, k, c, a = cell["method"], cell["k"], cell["concurrency"], cell["per_token_acceptance"]
+    adaptive = k in ("auto", "dyn")
+    drafter = Drafter(method, None, k0_steps=1 if method == "eagle3" and adaptive else 0)
+    eng, plain = Engine(target, hw, drafter, [a]), Engine(target, hw)
+    if k == "auto":
+        kk = max(range(k_max_of(cells, method) + 1), key=lambda x: eng.rate(c, x, ctx))
+    elif k == "dyn":
+        kk = next(k_ for lo, hi, k_ in DYN if lo <= c <= hi)
+    else:
+        kk = int(k)
+    speedup = eng.rate(c, kk, ctx) / plain.rate(c, 0, ctx)
+    measured_step = mean_length([a], kk) * cell["plain_tok_s"] / cell["spec_tok_s"] if cell["spec_tok_s"] else None
+    return {"k_modelled": kk, "predicted": round(speedup, 3), "predicted_plain_tok_s": round(plain.rate(c, 0, ctx), 1),
+            "step_over_plain_predicted": round(eng.step(c, kk, ctx) / plain.step(c, 0, ctx), 3),
+            "step_over_plain_measured": round(measured_step, 3) if measured_step else None}
+
+
+def why(w: dict) -> str:
+    pred, meas = w["step_over_plain_predicted"], w["step_over_plain_measured"]
+    side = "cheaper" if pred < meas else "dearer"
+    return (f"{w['method']} k={w['k']} at {w['concurrency']} sequences: the model's speculative step costs {pred:.2f} "
+            f"plain steps, the run's {meas:.2f} (L(a) x plain rate / spec rate at the cell's a); the model prices it "
+            f"{side} than it was. Drafter steps are fitted per method at k = 1 and 3 over all batch sizes, verifying "
+            "k + 1 tokens comes from the plain-step roofline, and drafting overheads vLLM adds beyond those "
+            "(proposer bookkeeping, n-gram lookups, the controller's exploration and k switches) are not modelled.")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calibration", default="bench/results/cpu_calibration.json")
+    ap.add_argument("--cells", default="bench/results/speculation.json")
+    ap.add_argument("--table", help="validate against bench/speculation.py's older text table instead")
+    ap.add_argument("--out", default="bench/results/simulator_validation.json")
+    args = ap.parse_args()
+    cal = json.loads(Path(args.calibration).read_text())
+    hw = hardware.cpu_from_calibration(args.calibration)
+    target = pm.from_config(cal["model_config"], name="SmolLM2-135M-Instruct")
+    source = args.table or args.cells
+    cells = read_table(Path(args.table)) if args.table else json.loads(Path(args.cells).read_text())
+    out = []
+    for cell in cells:
+        p = predict(cell, cells, target, hw, cal["context"])
+        err = abs(p["predicted"] - cell["speedup"]) / cell["speedup"]
+        out.append({"method": cell["method"], "k": cell["k"], "concurrency": cell["concurrency"],
+                    "per_token_acceptance": cell["per_token_acceptance"], "measured": cell["speedup"], **p,
+                    "abs_error": round(err, 4), "measured_plain_tok_s": cell["plain_tok_s"],
+                    "date": cell.get("date")})
+    errs = [c["abs_error"] for c in out]
+    worst = max(out, key=lambda c: c["abs_error"])
+    result = {"cells_from": source, "calibration": args.calibration, "calibration_date": cal.get("date"),
+              "quantity": "speedup (speculative tok/s over plain tok/s in the same run)",
+              "median_abs_error": round(statistics.median(errs), 4), "max_abs_error": round(max(errs), 4),
+              "goal": "median_abs_error <= 0.15 (issue 21)", "worst_cell": {**worst, "why": why(worst)},
+              "cells": out}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'method':<12} {'k':>4} {'conc':>5} {'a':>6} {'measured':>9} {'predicted':>10} {'error':>7}  step/plain "
+          "(model, run)")
+    for c in out:
+        print(f"{c['method']:<12} {c['k']!s:>4} {c['concurrency']:>5} {c['per_token_acceptance']:>6.3f} "
+              f"{c['measured']:>9.2f} {c['predicted']:>10.2f} {c['abs_error']:>7.1%}  "
+              f"{c['step_over_plain_predicted']:.2f}, {c['step_over_plain_measured']}")
+    print(f"\nmedian abs error {result['median_abs_error']:.1%}, max {result['max_abs_error']:.1%} "
+          f"({worst['method']} k={worst['k']} at {worst['concurrency']}); cells from {source}\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
