@@ -82,10 +82,11 @@ def build(args) -> dict:
     # one engine's share of the RL batch, draining; engines are identical
     share = lengths[:: max(1, args.engines)] if args.engines > 1 else lengths
     share_tokens = sum(share)
-    fixed_k = max(range(1, args.k_max + 1), key=lambda k: eng.speedup(min(args.max_concurrency, len(share)), k, ctx))
-    drains = {"off": drain(plain, share, args.prompt_len, args.max_concurrency, 0, args.k_max),
-              f"k={fixed_k}": drain(eng, share, args.prompt_len, args.max_concurrency, fixed_k, args.k_max),
-              "auto": drain(eng, share, args.prompt_len, args.max_concurrency, "auto", args.k_max)}
+    drains = {"off": drain(plain, share, args.prompt_len, args.max_concurrency, 0, args.k_max)}
+    for k in range(1, args.k_max + 1):
+        drains[f"k={k}"] = drain(eng, share, args.prompt_len, args.max_concurrency, k, args.k_max)
+    drains["auto"] = drain(eng, share, args.prompt_len, args.max_concurrency, "auto", args.k_max)
+    fixed_k = min(range(1, args.k_max + 1), key=lambda k: drains[f"k={k}"].seconds)
     full_b = args.max_concurrency
     full = {"off": share_tokens / plain.rate(full_b, 0, ctx),
             f"k={fixed_k}": share_tokens / eng.rate(full_b, fixed_k, ctx),
@@ -96,7 +97,8 @@ def build(args) -> dict:
     push_s = push_seconds(policy, hw, tp)
     pause_s = policy.params() * hw.bytes_per_param / tp / (hw.mem_bw * hw.mem_eff)
     rl = []
-    for spec, d in drains.items():
+    for spec in ("off", f"k={fixed_k}", "auto"):
+        d = drains[spec]
         for mode in ("sync", "async"):
             r = rl_step(mode, d.seconds, full[spec], train_s, push_s, pause_s, args.max_lag)
             rl.append({"speculation": spec, **r.as_dict()})
