@@ -11,7 +11,12 @@ sequences, at the calibration's context:
 - auto (the controller) and dyn (a k-by-batch-size schedule): the k it would pick (auto: the best of 0..k_max,
   k_max being the method's fixed k in the same run; dyn: the schedule's k at C), where k = 0 with an EAGLE-3 head
   still costs one head step (vLLM keeps the head's KV cache in sync; README, Speculation on vs off).
-Errors are |predicted - measured| / measured of the speedup. Plain tok/s is predicted too, for information only:
+Errors are |predicted - measured| / measured of the speedup.
+
+GRPO side by side (--grpo, bench/results/grpo/*.metrics.jsonl): the generation time of the speculative runs over
+sync-nospec's (4 prompts x 8 samples drained together, up to --grpo-max-tokens new tokens, the draft model at the k
+and acceptance their metrics record), predicted by draining that batch through the model. Reported beside the
+benchmark cells, not in their median: the runs are hours apart on a machine that drifts. Plain tok/s is predicted too, for information only:
 this machine drifts up to 3x within a day, so absolute rates are not comparable across runs.
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 
 from rollout_service.perfmodel import hardware
 from rollout_service.perfmodel import model as pm
-from rollout_service.perfmodel.rollout import Engine, mean_length
+from rollout_service.perfmodel.rollout import Engine, drain, mean_length
 from rollout_service.perfmodel.step import Drafter
 
 DYN = ((1, 4, 3), (5, 16, 1), (17, 10**9, 0))      # the schedule of the .txt table's dyn rows
@@ -65,6 +70,37 @@ def predict(cell: dict, cells: list[dict], target: pm.Transformer, hw: hardware.
             "step_over_plain_measured": round(measured_step, 3) if measured_step else None}
 
 
+def grpo(directory: Path, target: pm.Transformer, hw: hardware.Hardware, prompt_len: int, max_tokens: int) -> list:
+    """Generation time of each speculative GRPO run over sync-nospec's: measured and predicted."""
+    from rollout_service.speculation.speedup import per_token_acceptance
+
+    def rows(name):
+        p = directory / f"{name}.metrics.jsonl"
+        return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+
+    base = rows("sync-nospec")
+    if not base:
+        return []
+    plain = Engine(target, hw)
+    lengths = [max_tokens] * 32
+    t_plain = drain(plain, lengths, prompt_len, 32, 0).seconds
+    out = []
+    for name in ("sync-spec-adapt", "sync-spec-frozen"):
+        r = [x for x in rows(name) if x.get("acceptance_rate")]
+        if not r:
+            continue
+        mal = statistics.mean(x["mean_acceptance_length"] for x in r)
+        k = round(statistics.mean((x["mean_acceptance_length"] - 1) / x["acceptance_rate"] for x in r))
+        a = per_token_acceptance(mal, k)
+        eng = Engine(target, hw, Drafter("draft_model"), [a])
+        pred = drain(eng, lengths, prompt_len, 32, k).seconds / t_plain
+        meas = statistics.mean(x["generate_s"] for x in r) / statistics.mean(x["generate_s"] for x in base)
+        out.append({"run": name, "k": k, "per_token_acceptance": round(a, 3),
+                    "quantity": "generate seconds over sync-nospec's", "measured": round(meas, 3),
+                    "predicted": round(pred, 3), "abs_error": round(abs(pred - meas) / meas, 4)})
+    return out
+
+
 def why(w: dict) -> str:
     pred, meas = w["step_over_plain_predicted"], w["step_over_plain_measured"]
     side = "cheaper" if pred < meas else "dearer"
@@ -80,6 +116,8 @@ def main() -> None:
     ap.add_argument("--calibration", default="bench/results/cpu_calibration.json")
     ap.add_argument("--cells", default="bench/results/speculation.json")
     ap.add_argument("--table", help="validate against bench/speculation.py's older text table instead")
+    ap.add_argument("--grpo", default="bench/results/grpo", help="GRPO runs' metrics.jsonl directory ('' to skip)")
+    ap.add_argument("--grpo-max-tokens", type=int, default=64, help="their --max-tokens (bench/grpo_runs.sh)")
     ap.add_argument("--out", default="bench/results/simulator_validation.json")
     args = ap.parse_args()
     cal = json.loads(Path(args.calibration).read_text())
@@ -101,7 +139,9 @@ def main() -> None:
               "quantity": "speedup (speculative tok/s over plain tok/s in the same run)",
               "median_abs_error": round(statistics.median(errs), 4), "max_abs_error": round(max(errs), 4),
               "goal": "median_abs_error <= 0.15 (issue 21)", "worst_cell": {**worst, "why": why(worst)},
-              "cells": out}
+              "cells": out,
+              "grpo": grpo(Path(args.grpo), target, hw, round(cal.get("prompt_len", cal["context"] - 40)), args.grpo_max_tokens)
+              if args.grpo else []}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'method':<12} {'k':>4} {'conc':>5} {'a':>6} {'measured':>9} {'predicted':>10} {'error':>7}  step/plain "
           "(model, run)")
@@ -109,6 +149,9 @@ def main() -> None:
         print(f"{c['method']:<12} {c['k']!s:>4} {c['concurrency']:>5} {c['per_token_acceptance']:>6.3f} "
               f"{c['measured']:>9.2f} {c['predicted']:>10.2f} {c['abs_error']:>7.1%}  "
               f"{c['step_over_plain_predicted']:.2f}, {c['step_over_plain_measured']}")
+    for g in result["grpo"]:
+        print(f"GRPO {g['run']}: generate time over sync-nospec measured {g['measured']:.2f}, predicted "
+              f"{g['predicted']:.2f} (error {g['abs_error']:.1%}; k={g['k']}, a={g['per_token_acceptance']})")
     print(f"\nmedian abs error {result['median_abs_error']:.1%}, max {result['max_abs_error']:.1%} "
           f"({worst['method']} k={worst['k']} at {worst['concurrency']}); cells from {source}\nwrote {args.out}")
 
