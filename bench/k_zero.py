@@ -2,6 +2,7 @@
 interleaved in one run (not a test).
 
     .venv/bin/python bench/k_zero.py [--methods draft_model,eagle3,ngram] [--concurrency 8,32] [--rounds 2]
+                                     [--draft-model DIR] [--eagle3-head DIR]
 
 Where the k controller (speculation/k_controller.py) decides that drafting does not pay, an engine runs k = 0;
 what such a step still costs over a plain engine's step is the floor under the controller's worst case. Each
@@ -31,8 +32,8 @@ async def run(args) -> None:
     from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
 
     model = resolve_model(args.model)
-    drafters = {"draft_model": str(default_drafter_dir("draft_model")), "eagle3": str(default_drafter_dir("eagle3")),
-                "ngram": ""}
+    drafters = {"draft_model": args.draft_model or str(default_drafter_dir("draft_model")),
+                "eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")), "ngram": ""}
     conc = [int(x) for x in args.concurrency.split(",")]
     n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
     prompts = task_prompts(AutoTokenizer.from_pretrained(model), (max(n_of.values()) + 3) // 4, start=50_000)
@@ -65,6 +66,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--methods", default="draft_model,eagle3,ngram")
+    ap.add_argument("--draft-model", help="draft_model drafter (default: `rollout-service prepare-drafter`'s)")
+    ap.add_argument("--eagle3-head", help="EAGLE-3 head (default: `prepare-drafter --kind eagle3`'s)")
     ap.add_argument("--concurrency", default="8,32")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 from rollout_service.engine import lifeline  # noqa: F401 - this worker's engine dies with the server
 from rollout_service.engine import shadow_reload
-from rollout_service.speculation import cpu_fix
+from rollout_service.speculation import cpu_fix, k0_fastpath
 
 log = logging.getLogger(__name__)
 # Imported by every vLLM worker after vLLM registered its CPU kernels: patch the rejection sampler's
 # broken expansion here, only where the bug is detected.
 CPU_SPEC_FIX_INSTALLED = cpu_fix.install()
+K0_FASTPATH_INSTALLED = k0_fastpath.install()     # steps without drafts sample like a plain engine
 
 
 class RolloutWorkerExtension:

@@ -1,0 +1,73 @@
+"""k = 0 as cheap as a plain engine: a step in which no sequence carries a draft takes vLLM's plain sampling path.
+
+vLLM 0.32's GPUModelRunner (the CPU model runner is a subclass) decides per engine, not per step, whether a step
+is speculative: `_prepare_inputs` takes `use_spec_decode = self.speculative_config is not None`, so once a
+drafter is configured every step builds speculative metadata and samples through the rejection sampler, even
+when the k controller (speculation/k_controller.py) or a k_by_batch_size range scheduled no draft at all. On
+these CPUs that zero-draft verification cost a 135M model's engine 20-45% of its throughput against a plain
+engine (bench/k_zero.py). This patch makes the decision per step: when the scheduler output carries no draft
+token for any sequence, `_prepare_inputs` runs as for an engine without speculation (logits of each sequence's
+last token, no spec metadata), and vLLM's own code handles a step without spec metadata downstream (the plain
+sampler; the drafter's first pass over the step's tokens, which keeps its KV cache in sync, takes its "no
+verified drafts" inputs). The rest of the step (attention metadata, the drafter) is untouched.
+
+And the n-gram proposer is not run for a step that drafts nothing (k = 0): vLLM 0.32 still searches every
+sequence's history for a match (numba, in threads that compete with the model's on these cores) and then drafts
+zero tokens from it. It keeps no state, so skipping it changes nothing else.
+
+Sampling is unchanged in distribution (a zero-draft rejection step emits exactly the target's sample for each
+sequence), and the losslessness check covers it: tests/integration/test_speculation.py runs it with the k
+controller switching between 0 and 3. Set ROLLOUT_DISABLE_K0_FASTPATH=1 to measure without it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+DISABLE_ENV = "ROLLOUT_DISABLE_K0_FASTPATH"
+
+
+def _no_drafts(scheduler_output) -> bool:
+    return not any(scheduler_output.scheduled_spec_decode_tokens.values())
+
+
+def install() -> bool:
+    """Patch GPUModelRunner._prepare_inputs once per process; False when disabled or not applicable."""
+    if os.environ.get(DISABLE_ENV) == "1":
+        log.warning("k = 0 fast path disabled by %s", DISABLE_ENV)
+        return False
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner._prepare_inputs
+    if getattr(original, "_rollout_k0_fastpath", False):
+        return True
+
+    def _prepare_inputs(self, scheduler_output, *args, **kwargs):
+        spec = self.speculative_config
+        if spec is None or not _no_drafts(scheduler_output):
+            return original(self, scheduler_output, *args, **kwargs)
+        self.speculative_config = None           # read only by the branch that builds the spec metadata
+        try:
+            return original(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.speculative_config = spec
+
+    _prepare_inputs._rollout_k0_fastpath = True
+    GPUModelRunner._prepare_inputs = _prepare_inputs
+    _skip_idle_ngram()
+    log.info("installed the k = 0 fast path: steps without drafts sample like a plain engine")
+    return True
+
+
+def _skip_idle_ngram() -> None:
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    original = NgramProposer.propose
+
+    def propose(self, num_speculative_tokens, sampled_token_ids, *args, **kwargs):
+        if num_speculative_tokens == 0:
+            return [[] for _ in sampled_token_ids]
+        return original(self, num_speculative_tokens, sampled_token_ids, *args, **kwargs)
+
+    NgramProposer.propose = propose
