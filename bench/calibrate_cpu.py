@@ -3,6 +3,8 @@
     .venv/bin/python bench/calibrate_cpu.py [--batches 1,4,8,16,32,64] [--ks 1,3] [--methods eagle3,draft_model]
                                             [--out bench/results/cpu_calibration.json]
     .venv/bin/python bench/calibrate_cpu.py --refit     # fit again from the measurements already in --out
+    .venv/bin/python bench/calibrate_cpu.py --from-table bench/results/speculation.txt \
+        --out bench/results/cpu_calibration_interim.json   # no vLLM: see below
 
 Measures real vLLM engine steps on the default model, with the engine settings bench/speculation.py uses
 (VllmEngine, max_model_len 1024, the task's prompts, temperature 1.0, seeded):
@@ -13,6 +15,12 @@ over the difference in engine steps (plain: tokens; speculative: the samples' ve
 `rejection_sample_method="synthetic"` would fix acceptance, but its CPU kernels ignore the synthetic rates
 (vllm/utils/cpu_triton_utils.py: "not yet implemented"), so steps are counted instead; acceptance only changes
 how many steps a run takes, not what one costs.
+
+--from-table (a stand-in while the machine is busy; starts no engine): the plain engine's step time at each
+concurrency is taken from an older bench/speculation.py text table's plain tok/s (concurrency / plain tok/s: a
+held batch, prefills included) and each drafter's step from its `cost c` column (one drafter forward over one
+target forward in PyTorch, times that plain step). Nothing of the table's speculative columns is used. It has no
+measurement at token widths > 1: verifying is extrapolated by the roofline alone.
 
 The fit (`fit` in the JSON, read by perfmodel.hardware.cpu_from_calibration):
 - plain steps -> overhead_s, mem_bw, flops of the roofline T(B) = overhead + max(weight bytes / mem_bw,
@@ -98,6 +106,15 @@ def fit(cal: dict) -> dict:
     h = hw(o, bw, fl)
     out = {"overhead_s": float(o), "mem_bw": float(bw), "flops": float(fl), "bytes_per_param": bpp,
            "plain_mean_abs_error": round(float(best[0]) / len(plain), 4), "draft_steps": {}}
+    if cal.get("drafter_cost"):                    # --from-table: drafter step = c x plain step, linear in B
+        measured = dict(plain)
+        for meth, by_b in cal["drafter_cost"].items():
+            pts = [(int(b), c * measured[int(b)]) for b, c in by_b.items() if int(b) in measured]
+            xs, ys = np.array([b for b, _ in pts], float), np.array([d for _, d in pts])
+            d1, d0 = np.polyfit(xs, ys, 1) if len(pts) > 1 else (0.0, ys[0])
+            out["draft_steps"][meth] = [max(0.0, float(d0)), max(0.0, float(d1))]
+        out["spec_overhead_s"] = 0.0
+        return out
     # speculative: T - forward(B, k + 1) = k d0 + k B d1 + e, per method; e shared -> one least-squares system
     methods = sorted({r["method"] for r in cal.get("spec", [])})
     rows, rhs = [], []
@@ -149,6 +166,34 @@ async def run(args) -> dict:
     return cal
 
 
+def from_table(path: Path, model: str | None) -> dict:
+    """A calibration from an older speculation table's plain columns and drafter costs (see the docstring)."""
+    import re
+
+    from transformers import AutoTokenizer
+
+    from rollout_service.cli import resolve_model
+    from rollout_service.speculation.drafters import task_prompts
+
+    model = resolve_model(model)
+    plain, cost = {}, {}
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if len(f) >= 10 and f[0] in ("eagle3", "draft_model", "ngram") and re.fullmatch(r"\d+|dyn", f[1]):
+            plain[int(f[2])] = float(f[3])
+            if f[0] != "ngram":
+                cost.setdefault(f[0], {})[int(f[2])] = float(f[9])
+    prompts = task_prompts(AutoTokenizer.from_pretrained(model), 64, start=50_000)
+    prompt_len = sum(len(p) for p in prompts) / len(prompts)
+    dates = re.findall(r"\d{4}-\d{2}-\d{2}", path.read_text())
+    return {"date": f"interim, from {path}" + (f" ({dates[0]})" if dates else ""), "model": model,
+            "model_config": json.loads((Path(model) / "config.json").read_text()), "dtype": "bfloat16",
+            "bytes_per_param": 2, "prompt_len": round(prompt_len, 1), "context": round(prompt_len + 72, 1),
+            "plain": [{"batch": b, "step_s": round(b / t, 5)} for b, t in sorted(plain.items())], "spec": [],
+            "drafter_cost": {m: {str(b): c for b, c in v.items()} for m, v in cost.items()},
+            "source": "plain steps = concurrency / plain tok/s of the table; drafter steps = cost c x plain step"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -160,8 +205,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per sequence in the long run")
     ap.add_argument("--out", default="bench/results/cpu_calibration.json")
     ap.add_argument("--refit", action="store_true", help="only fit again from the measurements in --out")
+    ap.add_argument("--from-table", help="no engines: calibrate from an older bench/speculation.py text table")
     args = ap.parse_args()
-    cal = json.loads(Path(args.out).read_text()) if args.refit else asyncio.run(run(args))
+    if args.from_table:
+        cal = from_table(Path(args.from_table), args.model)
+    else:
+        cal = json.loads(Path(args.out).read_text()) if args.refit else asyncio.run(run(args))
     cal["fit"] = fit(cal)
     Path(args.out).write_text(json.dumps(cal, indent=1) + "\n")
     f = cal["fit"]
