@@ -111,3 +111,35 @@ def test_cli_simulate_prints_a_table_and_writes_json(tmp_path):
     assert data["hardware"]["name"] == "gb200" and data["acceptance"]["per_position"] == [0.7, 0.6, 0.55]
     assert {row["concurrency"] for row in data["by_concurrency"]} >= {1, 256}
     assert data["rollout"]["auto"]["speedup"] > 1.0
+
+
+def test_from_status_prefers_the_controller_and_falls_back_to_speculation_stats(monkeypatch):
+    import types
+
+    import rollout_client
+
+    def fake_client(k_acc, per_pos):
+        status = types.SimpleNamespace(k_control=types.SimpleNamespace(acceptance=k_acc),
+                                       speculation=[types.SimpleNamespace(per_position_acceptance=per_pos)])
+
+        class Client:
+            def __init__(self, target):
+                self.target = target
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def status(self):
+                return status
+        return Client
+
+    monkeypatch.setattr(rollout_client, "RolloutClient", fake_client([0.7, 0.5], [0.7, 0.35]))
+    assert acceptance.from_status("h:1") == [0.7, 0.5]
+    monkeypatch.setattr(rollout_client, "RolloutClient", fake_client([], [0.6, 0.3]))
+    assert acceptance.from_status("h:1") == pytest.approx([0.6, 0.5])
+    monkeypatch.setattr(rollout_client, "RolloutClient", fake_client([], []))
+    with pytest.raises(SystemExit):
+        acceptance.from_status("h:1")
