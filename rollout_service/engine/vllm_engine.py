@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from rollout_service.config import OPEN_BATCH, EngineConfig, k_mode
+from rollout_service.engine import lifeline
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.types import SeqRequest, SeqResult
 
@@ -146,6 +147,7 @@ class VllmEngine(Engine):
 
         if _is_cpu_platform():
             prepare_cpu_environment(self.cfg.kv_cache_gb)
+        lifeline.mark_front_end()      # whatever process starts an engine (server, bench, check): it dies with it
         self.state = EngineState.STARTING
         log.info("%s: starting vLLM on %s", self.id, self.model_path)
         # Off the event loop: start-up blocks ~30 s (engine process, model load), and a restart must not

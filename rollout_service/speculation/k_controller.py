@@ -12,10 +12,18 @@ reports every finished step with `observe(...)`. Two things are measured:
   It is forgotten when the drafter changes (`drafter_changed`) and decays so that it follows the moving policy.
 
 Expected tokens per sequence-step at k is L(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k, so the controller picks
-argmax_k L(k) / T(b, k): k = 0 (no drafting, L = 1) wherever verifying costs more than the drafts bring in.
-A (bucket, k) cell without enough measurements is tried first (k_max first, so every position's acceptance gets
-measured), and a neighbour of the best k is re-tried every `explore_every` decisions to follow drift and a
-moving drafter. A decision holds for `dwell` steps of the same bucket.
+argmax_k L(k) / T(b, k): k = 0 (no drafting, L = 1) wherever verifying costs more than the drafts bring in. k = 0
+is the safe choice, so drafting must beat it by `margin`. A decision holds for `dwell` steps of the same bucket.
+
+Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
+- a bucket's cells are measured in the order k = 0, 1, 2, ...; once a k is clearly worse than k = 0 (below
+  `give_up` of its rate), larger ks (which cost more still) are not tried;
+- while drafting, k = 0 is re-measured every `refresh_every` decisions of that bucket, so the comparison is made
+  against a reference of the same hour, not of the morning;
+- a neighbour of the best k is re-tried every `explore_every` decisions, eight times less often when it looked
+  clearly worse;
+- one step's time moves a cell by at most a factor 2 (a stall or a collection does not redefine it);
+- without measured acceptance (at start, after a new drafter), the cheapest k > 0 drafts until it is measured.
 """
 from __future__ import annotations
 
@@ -43,11 +51,14 @@ class Cell:
 
 class KController:
     def __init__(self, k_max: int, *, dwell: int = 8, min_obs: int = 6, explore_every: int = 40,
-                 alpha: float = 0.1, window: float = 4000.0, min_sequences: int = 32, seed: int = 0):
+                 refresh_every: int = 12, margin: float = 0.04, give_up: float = 0.7, alpha: float = 0.1,
+                 window: float = 4000.0, min_sequences: int = 32, seed: int = 0):
         if k_max < 1:
             raise ValueError("k_max must be >= 1")
         self.k_max, self.dwell, self.min_obs, self.explore_every = k_max, dwell, min_obs, explore_every
         self.alpha, self.window, self.min_sequences = alpha, window, min_sequences
+        self.refresh_every, self.margin, self.give_up = refresh_every, margin, give_up
+        self._since_zero: dict[int, int] = {}            # bucket -> decisions since it last ran k = 0
         self.rng = random.Random(seed)
         self.cells: dict[tuple[int, int], Cell] = {}
         self.reached = [0.0] * (k_max + 1)     # [i]: sequence-steps that reached draft position i (1-based)
@@ -76,6 +87,7 @@ class KController:
         if cell.n == 0:
             cell.seconds, cell.tokens = seconds, tokens
         else:
+            seconds = min(max(seconds, cell.seconds / 2), cell.seconds * 2)
             cell.seconds += self.alpha * (seconds - cell.seconds)
             cell.tokens += self.alpha * (tokens - cell.tokens)
         cell.n += 1
@@ -126,21 +138,44 @@ class KController:
 
     def _decide(self, b: int) -> int:
         self.decisions += 1
-        if not self.acceptance_known():
-            return self.k_max                 # measures every position's acceptance at once
-        for k in (0, self.k_max, *range(1, self.k_max)):
+        k = self._pick(b)
+        self._since_zero[b] = 0 if k == 0 else self._since_zero.get(b, 0) + 1
+        return k
+
+    def _pick(self, b: int) -> int:
+        for k in range(self.k_max + 1):                  # measure k = 0, 1, ... until one is clearly worse
             cell = self.cells.get((b, k))
             if cell is None or cell.n < self.min_obs:
                 return k
+            ratio = self._ratio(b, k)
+            if k and ratio is not None and ratio < self.give_up:
+                break
+        if not self.acceptance_known():                  # draft with the cheapest k > 0 until acceptance is known
+            return min(range(1, self.k_max + 1),
+                       key=lambda k: self.cells[(b, k)].seconds if (b, k) in self.cells else float("inf"))
         best = self.best(b)
+        if best and self._since_zero.get(b, 0) >= self.refresh_every:
+            return 0                                     # keep the reference fresh
         if self.decisions % self.explore_every == 0:
-            return self.rng.choice([k for k in (best - 1, best + 1) if 0 <= k <= self.k_max])
+            k = self.rng.choice([k for k in (best - 1, best + 1) if 0 <= k <= self.k_max])
+            ratio = self._ratio(b, k, against=best)
+            if ratio is None or ratio >= self.give_up or self.decisions % (8 * self.explore_every) == 0:
+                return k
         return best
+
+    def _ratio(self, b: int, k: int, against: int = 0) -> float | None:
+        r, ref = self.rate(b, k), self.rate(b, against)
+        return r / ref if r is not None and ref else None
 
     def best(self, b: int) -> int:
         rates = {k: self.rate(b, k) for k in range(self.k_max + 1)}
         known = {k: r for k, r in rates.items() if r is not None}
-        return max(known, key=known.get) if known else 0
+        if not known:
+            return 0
+        best = max(known, key=known.get)
+        if best and 0 in known and known[best] < known[0] * (1 + self.margin):
+            return 0                                     # drafting must clearly pay
+        return best
 
     # ---- reporting ------------------------------------------------------------------------------------------
     def snapshot(self) -> dict:

@@ -53,6 +53,27 @@ def test_picks_the_interior_optimum():
     assert settled(drive(ctl, 4, lambda k: 0.03 * (1 + 0.3 * k), 0.5, 2000)) == 1
 
 
+def test_a_slower_machine_does_not_make_drafting_look_cheap():
+    """This machine drifts: halfway, every step takes twice as long (k = 1's cell was measured before). k = 1
+    loses by ~13% throughout (L = 1.3 at 1.5x the step); the controller must keep choosing 0, re-measuring
+    cheaply, and not be fooled by its stale, fast-looking k = 1 cell."""
+    ctl = KController(3)
+    fast = drive(ctl, 8, lambda k: 0.05 * (1 + 0.5 * k), 0.3, 1500)
+    slow = drive(ctl, 8, lambda k: 0.10 * (1 + 0.5 * k), 0.3, 1500, seed=1)
+    assert settled(fast) == 0 and settled(slow) == 0
+    assert sum(k > 0 for k in slow) / len(slow) < 0.12, sum(k > 0 for k in slow)
+
+
+def test_stops_trying_larger_k_once_one_is_clearly_worse():
+    """At 64 sequences verifying is ruinous (k = 1 costs 3x a plain step): k = 2 and 3 are never tried there
+    once acceptance is known (it was measured at one sequence, where drafting is cheap)."""
+    ctl = KController(3)
+    drive(ctl, 1, lambda k: 0.02 * (1 + 0.05 * k), 0.5, 300)
+    chosen = drive(ctl, 64, lambda k: 0.1 * (1 + 2.0 * k), 0.5, 800)
+    assert 2 not in chosen and 3 not in chosen and settled(chosen) == 0
+    assert sum(k == 1 for k in chosen) <= 3 * ctl.dwell
+
+
 def test_buckets_decide_independently():
     ctl = KController(3)
     drive(ctl, 1, lambda k: 0.02 * (1 + 0.05 * k), 0.6, 800)
