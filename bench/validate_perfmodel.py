@@ -113,7 +113,7 @@ def why(w: dict, cal: dict) -> str:
             + (" n-gram drafting is modelled as free: nothing calibrates it (no PyTorch forward to time, and vLLM's "
                "synthetic acceptance does not work on CPU), while vLLM's n-gram path on CPU costs much more than "
                "its lookup, even in steps that draft nothing (auto cells where the controller settled on k = 0 "
-               "still ran at 0.67-0.82x in the 2026-11-25 run; README, Speculation on vs off: not profiled)."
+               "still ran at 0.67-0.74x in the 2026-11-25 run; README, Speculation on vs off: not profiled)."
                if w["method"] == "ngram" else "")
             + (" This is an interim calibration (bench/calibrate_cpu.py --from-table): its drafter steps are "
                "PyTorch forwards timed outside vLLM (cost c) and it has no verify step wider than one token, so "
