@@ -110,7 +110,8 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
         [SeqRequest(seq_id=f"{base}-{uuid.uuid4().hex[:8]}-{pi}-{si}", prompt_token_ids=ids,
                     temperature=temperature, top_p=top_p, top_k=max(top_k, 0), max_tokens=max_tokens,
                     stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids),
-                    seed=None if seed is None else sample_seed(seed, pi, si), ignore_eos=sp.ignore_eos)
+                    seed=None if seed is None else sample_seed(seed, pi, si), ignore_eos=sp.ignore_eos,
+                    detokenize=bool(sp.stop) or req.return_text)
          for si in range(n)]
         for pi, ids in enumerate(prompts)
     ]

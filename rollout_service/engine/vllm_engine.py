@@ -175,6 +175,7 @@ class VllmEngine(Engine):
             stop_token_ids=list(req.stop_token_ids) or None,
             seed=req.seed,
             ignore_eos=req.ignore_eos,
+            detokenize=req.detokenize,
             logprobs=0,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
