@@ -3,8 +3,8 @@
     .venv/bin/python bench/calibrate_cpu.py [--batches 1,4,8,16,32,64] [--ks 1,3] [--methods eagle3,draft_model]
                                             [--out bench/results/cpu_calibration.json]
     .venv/bin/python bench/calibrate_cpu.py --refit     # fit again from the measurements already in --out
-    .venv/bin/python bench/calibrate_cpu.py --from-table bench/results/speculation.txt \
-        --out bench/results/cpu_calibration_interim.json   # no vLLM: see below
+    git show 64e93c7:bench/results/speculation.txt > /tmp/old.txt    # an older run's table, not the validated one
+    .venv/bin/python bench/calibrate_cpu.py --from-table /tmp/old.txt --out bench/results/cpu_calibration_interim.json
 
 Measures real vLLM engine steps on the default model, with the engine settings bench/speculation.py uses
 (VllmEngine, max_model_len 1024, the task's prompts, temperature 1.0, seeded):
