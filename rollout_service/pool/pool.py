@@ -50,6 +50,19 @@ class EnginePool:
             except Exception:  # noqa: BLE001 - keep stopping the others
                 log.exception("%s: shutdown failed", e.id)
 
+    async def refresh_k_control(self, timeout_s: float = 1.0) -> None:
+        """Copy each ready engine's k controller state into telemetry (GetStatus and /metrics read it there):
+        every second from the supervisor, and before each GetStatus."""
+        ready = [e for e in self.engines if e.state is EngineState.READY]
+        snaps = await asyncio.gather(*(asyncio.wait_for(e.k_control_snapshot(), timeout_s) for e in ready),
+                                     return_exceptions=True)
+        k_control = self.telemetry.k_control
+        for e, snap in zip(ready, snaps):
+            if isinstance(snap, dict):
+                k_control[e.id] = snap
+        for gone in set(k_control) - {e.id for e in self.engines}:
+            del k_control[gone]
+
     def add_engine(self, engine: Engine) -> None:
         self.engines.append(engine)
         self.load.setdefault(engine.id, 0)

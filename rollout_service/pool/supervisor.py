@@ -32,20 +32,8 @@ class Supervisor:
     async def run(self) -> None:
         while not self.pool.closing:
             self.check()
-            await self.refresh_k_control()
+            await self.pool.refresh_k_control(self.interval_s)
             await asyncio.sleep(self.interval_s)
-
-    async def refresh_k_control(self) -> None:
-        """Copy each ready engine's k controller state into telemetry (GetStatus and /metrics read it there)."""
-        ready = [e for e in self.pool.engines if e.state is EngineState.READY and e.id not in self.restarting]
-        snaps = await asyncio.gather(*(asyncio.wait_for(e.k_control_snapshot(), self.interval_s) for e in ready),
-                                     return_exceptions=True)
-        k_control = self.pool.telemetry.k_control
-        for e, snap in zip(ready, snaps):
-            if isinstance(snap, dict):
-                k_control[e.id] = snap
-        for gone in set(k_control) - {e.id for e in self.pool.engines}:
-            del k_control[gone]
 
     def check(self) -> list[str]:
         """One pass: returns the ids of engines found dead (and now being restarted)."""

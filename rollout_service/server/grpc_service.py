@@ -94,6 +94,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             self.pool.telemetry.m_requests.labels(code.name).inc()
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
+        await self.pool.refresh_k_control(0.5)          # the k controller's state as of now, not of the last second
         return self.status()
 
     def status(self) -> pb.Status:

@@ -41,13 +41,14 @@ def test_draft_model_speculation_is_lossless(tiny_model, drafter, plain):
 
 
 def test_k_chosen_per_step_is_lossless(tiny_model, drafter, plain):
-    """k_control auto (the default): the controller switches k between 0 and its maximum while the check's
-    sequences run (it measures k = 3 first, then 0, then the rest). Samples must still follow the plain
-    distribution, and the engine must really have run steps at both ends."""
+    """k_control auto (the default): the controller switches k between 0 and drafting while the check's
+    sequences run (it measures k = 0, then 1, 2, ... per batch size). Samples must still follow the plain
+    distribution (steps without drafts take the plain sampling path, speculation/k0_fastpath.py), and the engine
+    must really have run steps with and without drafts."""
     report = check_lossless(str(tiny_model), spec(drafter, k_control="auto"), PROMPTS, plain=plain, **ARGS)
     print(report.render())
     assert report.passed, report.render()
-    assert len(report.k_steps) == 4 and report.k_steps[0] > 0 and report.k_steps[3] > 0, report.k_steps
+    assert len(report.k_steps) == 4 and report.k_steps[0] > 0 and sum(report.k_steps[1:]) > 0, report.k_steps
 
 
 def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter, plain):
@@ -157,7 +158,7 @@ def test_eagle3_head_update_moves_acceptance(tiny_model, eagle3_head, tmp_path):
 
     svc = ServiceProcess(str(tiny_model), log_path=tmp_path / "eagle3.log",
                          extra_args=SERVICE_ARGS + ["--speculation", "eagle3", "--draft-model", str(eagle3_head),
-                                                    "--num-speculative-tokens", "3"]).start()
+                                                    "--num-speculative-tokens", "3", "--k-control", "fixed"]).start()
     try:
         with RolloutClient(svc.target) as c:
             gen = dict(n=32, max_tokens=ARGS["max_tokens"], top_k=ARGS["top_k"], temperature=1.0, ignore_eos=True)
@@ -271,7 +272,7 @@ def test_speculative_service_logprobs_match_reference(spec_service, tiny_model):
 def test_k_controller_follows_the_drafter(tiny_model, tmp_path):
     """A service choosing k itself (the default): with a drafter identical to the policy it drafts and its
     measured acceptance is near 1; after UpdateDraft to a useless drafter it forgets that acceptance, re-measures
-    it (steps at k = 3 and at k = 0 again) and reports the new drafter's, in GetStatus and /metrics."""
+    it (drafting steps again) and reports the new drafter's, in GetStatus and /metrics."""
     identical = perturbed_copy(tiny_model, tmp_path / "identical", scale=0.0)
     useless = perturbed_copy(tiny_model, tmp_path / "useless", scale=3.0, seed=3)
     svc = ServiceProcess(str(tiny_model), log_path=tmp_path / "auto.log",
@@ -286,15 +287,16 @@ def test_k_controller_follows_the_drafter(tiny_model, tmp_path):
                 return c.status().k_control
             k1 = run_and_status()
             assert k1.mode == "auto" and k1.draft_version == 0
-            assert k1.steps_by_k[3] > 0 and k1.acceptance[0] > 0.9, k1
+            assert sum(k1.steps_by_k[1:]) > 0 and k1.acceptance[0] > 0.9, k1
             assert k1.choices and all(len(ch.step_ms) == 4 for ch in k1.choices)
             from transformers import AutoModelForCausalLM
             c.update_draft(AutoModelForCausalLM.from_pretrained(useless, dtype=torch.float32), 1)
             k2 = run_and_status()
             assert k2.draft_version == 1 and k2.acceptance[0] < 0.5, k2
-            assert k2.steps_by_k[3] > k1.steps_by_k[3] and k2.steps_by_k[0] > k1.steps_by_k[0], (k1, k2)
+            # it drafted again to measure the new drafter (and ran k = 0 steps as well)
+            assert sum(k2.steps_by_k[1:]) > sum(k1.steps_by_k[1:]) and k2.steps_by_k[0] > k1.steps_by_k[0], (k1, k2)
             code, text = svc.http_get("/metrics")
-            assert code == 200 and 'rollout_spec_k_chosen_bucket{engine="engine-0",le="3"}' in text
+            assert code == 200 and 'rollout_spec_k_chosen_bucket{engine="engine-0",le="3"}' in text, text[-3000:]
             assert "rollout_spec_step_seconds{" in text
     finally:
         assert svc.stop() == 0
