@@ -26,7 +26,7 @@ class Telemetry:
         self.tokens_total = 0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens)
         self.spec: dict[tuple[int, int], SpecCounts] = {}
-        self.k_control: dict[str, dict] = {}          # engine id -> KController.snapshot(), refreshed by the supervisor
+        self.k_control: dict[str, dict] = {}          # engine id -> KController.snapshot() (EnginePool.refresh_k_control)
         self.registry = CollectorRegistry()
         r = self.registry
         self.m_requests = Counter("rollout_generate_requests", "Generate requests by final status code",

@@ -34,7 +34,8 @@ class _Lookup:
 class _KControlled:
     """Mixed into vLLM's Scheduler or AsyncScheduler."""
 
-    def _init_k_control(self) -> None:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)       # vLLM's Scheduler or AsyncScheduler, next in the MRO
         self.k_controller = KController(self.num_spec_tokens)
         self.dynamic_sd_lookup = _Lookup(self.k_controller)
         self._k_steps: dict[int, tuple] = {}      # id(scheduler output) -> (scheduled at, batch, k, steady)
@@ -71,15 +72,11 @@ class _KControlled:
 
 
 class _Sync(_KControlled, Scheduler):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_k_control()
+    pass
 
 
 class _Async(_KControlled, AsyncScheduler):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_k_control()
+    pass
 
 
 class KControlledScheduler:
