@@ -29,7 +29,7 @@ from rollout_service.server.decoding import add_servicer
 from rollout_service.server.grpc_service import RolloutServicer
 from rollout_service.server.health import HealthServicer
 from rollout_service.server.http_app import build_http_app
-from rollout_service.server.loop_watchdog import LoopWatchdog
+from rollout_service.server.loop_watchdog import LoopWatchdog, freeze_startup_heap
 from rollout_service.validation import Limits
 from rollout_service.weights.service import WeightService
 from rollout_service.weights.staging import remove_staging_root, sweep_stale_roots
@@ -141,6 +141,7 @@ class RolloutServer:
         await self.pool.start()
         self.supervisor = Supervisor(self.pool, self.weights.committer.restart_at_committed)
         self._supervisor_task = asyncio.create_task(self.supervisor.run())
+        log.info("start-up heap frozen out of the garbage collector (%.2f s)", freeze_startup_heap())
         self.watchdog = LoopWatchdog(self.pool.telemetry.registry)     # lag on /metrics; warns, naming the code
         self._watchdog_task = asyncio.create_task(self.watchdog.run())
         for name in ("", SERVICE_NAME):

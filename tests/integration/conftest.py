@@ -39,6 +39,20 @@ def loop_lag_max(svc: ServiceProcess) -> float | None:
     return float(m[1]) if m else None
 
 
+def _where_held(svc: ServiceProcess) -> str:
+    """The watchdog's last warning in the server's log (the stack it sampled, any garbage collection), so a
+    failure in CI, where the log is gone, still names the code that held the loop."""
+    try:
+        lines = Path(svc.log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if "event loop was held for" in line or "has been held for" in line]
+    if not starts:
+        return ""
+    block = lines[starts[-1]:starts[-1] + 2 + 2 * 8]
+    return "\n  the watchdog's last warning:\n    " + "\n    ".join(block)
+
+
 _stop = ServiceProcess.stop
 
 
@@ -46,7 +60,7 @@ def _stop_checking_the_loop(self, *a, **kw):
     running = self.proc is not None and self.proc.poll() is None and not getattr(self, "lag_reported", False)
     lag = loop_lag_max(self) if running else None
     if lag is not None and lag > LOOP_LAG_LIMIT_S:
-        _held.append(f"a server (log {self.log_path}) held its event loop for {lag:.2f} s")
+        _held.append(f"a server (log {self.log_path}) held its event loop for {lag:.2f} s{_where_held(self)}")
     return _stop(self, *a, **kw)
 
 
@@ -64,7 +78,8 @@ def _loop_never_held(request):
         lag = loop_lag_max(svc)
         if lag is not None and lag > LOOP_LAG_LIMIT_S and not getattr(svc, "lag_reported", False):
             svc.lag_reported = True                   # fail the test that did it, not every one after
-            found.append(f"the shared service (log {svc.log_path}) held its event loop for {lag:.2f} s")
+            found.append(f"the shared service (log {svc.log_path}) held its event loop for {lag:.2f} s"
+                         f"{_where_held(svc)}")
     if found:
         pytest.fail(f"over {LOOP_LAG_LIMIT_S} s with the event loop held: " + "; ".join(found), pytrace=False)
 

@@ -1,11 +1,13 @@
 """The event-loop lag watchdog: measures how long the loop was held, exports it, and names the code."""
 import asyncio
+import gc
 import logging
+import re
 import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rollout_service.server.loop_watchdog import LoopWatchdog
+from rollout_service.server.loop_watchdog import LoopWatchdog, freeze_startup_heap
 
 
 def hold_the_loop_for(seconds: float) -> None:
@@ -31,3 +33,43 @@ def test_a_held_loop_is_measured_exported_and_named(caplog):
     assert 'rollout_event_loop_lag_seconds_bucket{le="0.5"}' in text
     warnings = [r.getMessage() for r in caplog.records]
     assert any("held for" in w and "hold_the_loop_for" in w for w in warnings), warnings
+
+
+def collect_a_big_heap() -> None:
+    heap = [[i] for i in range(1_500_000)]          # tracked objects: a full collection must walk them
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.15:
+        gc.collect()
+    del heap
+
+
+def test_a_loop_held_by_the_garbage_collector_says_so_and_a_frozen_heap_is_not_walked(caplog):
+    registry = CollectorRegistry()
+    dog = LoopWatchdog(registry, interval_s=0.02, warn_s=0.1)
+
+    async def main():
+        task = asyncio.create_task(dog.run())
+        await asyncio.sleep(0.1)
+        collect_a_big_heap()
+        await asyncio.sleep(0.1)
+        task.cancel()
+    with caplog.at_level(logging.WARNING, logger="rollout_service.server.loop_watchdog"):
+        asyncio.run(main())
+    assert dog._on_gc not in gc.callbacks                   # the callback leaves with the watchdog
+    text = generate_latest(registry).decode()
+    assert re.search(r'rollout_gc_pause_seconds_count\{generation="2"\} [1-9]', text), text
+    warnings = [r.getMessage() for r in caplog.records if "was held for" in r.getMessage()]
+    assert any("collecting garbage" in w for w in warnings), warnings
+
+    heap = [[i] for i in range(1_000_000)]
+    t0 = time.perf_counter()
+    gc.collect()
+    walked = time.perf_counter() - t0
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() >= len(heap)
+        t0 = time.perf_counter()
+        gc.collect()
+        assert time.perf_counter() - t0 < walked          # the frozen million is no longer walked
+    finally:
+        gc.unfreeze()
