@@ -10,7 +10,7 @@ sequences, at the calibration's context:
 - fixed k: L(a, k) T_plain(C) / T_spec(C, k)   (perfmodel/rollout.py, step.py; T fitted to the calibration)
 - auto (the controller) and dyn (a k-by-batch-size schedule): the k it would pick (auto: the best of 0..k_max,
   k_max being the method's fixed k in the same run; dyn: the schedule's k at C), where k = 0 with an EAGLE-3 head
-  still costs one head step (vLLM keeps the head's KV cache in sync; README, Speculation on vs off).
+  still costs one head step (vLLM keeps the head's KV cache in sync; docs/benchmarks.md, Speculation on vs off).
 Errors are |predicted - measured| / measured of the speedup.
 
 GRPO side by side (--grpo, bench/results/grpo/*.metrics.jsonl): the generation time of the speculative runs over
@@ -113,7 +113,7 @@ def why(w: dict, cal: dict) -> str:
             + (" n-gram drafting is modelled as free: nothing calibrates it (no PyTorch forward to time, and vLLM's "
                "synthetic acceptance does not work on CPU), while vLLM's n-gram path on CPU costs much more than "
                "its lookup, even in steps that draft nothing (auto cells where the controller settled on k = 0 "
-               "still ran at 0.67-0.74x in the 2026-11-25 run; README, Speculation on vs off: not profiled)."
+               "still ran at 0.67-0.74x in the 2026-11-25 run; docs/benchmarks.md, Speculation on vs off: not profiled)."
                if w["method"] == "ngram" else "")
             + (" This is an interim calibration (bench/calibrate_cpu.py --from-table): its drafter steps are "
                "PyTorch forwards timed outside vLLM (cost c) and it has no verify step wider than one token, so "

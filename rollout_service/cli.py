@@ -10,7 +10,7 @@ import sys
 
 def _serve_args(sub) -> None:
     p = sub.add_parser("serve", help="run the gRPC service (and its HTTP port) in front of vLLM engines")
-    p.add_argument("--config", help="TOML or JSON config file (see README: Configuration)")
+    p.add_argument("--config", help="TOML or JSON config file (see docs/configuration.md)")
     p.add_argument("--model", help="local Hugging Face model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--engines", type=int, help="number of engines in this process's pool (default 1)")
     p.add_argument("--host", help="bind address (default 127.0.0.1; others need authentication, see security)")
