@@ -30,6 +30,3 @@ class ModelInfo:
                 ids = ids["input_ids"]
             return list(ids)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -40,7 +40,6 @@ class Batch:
     rollouts: list[Rollout]
     num_groups: int
     generate_s: float              # wall time of the Generate call that produced it
-    requested_at_version: int
 
 
 def sample_oldest_version(s) -> int:
@@ -62,7 +61,7 @@ def generate_batch(client, problems: list[Problem], prompt_ids: list[list[int]],
                                oldest_version=sample_oldest_version(s), draft_version=s.draft_version,
                                num_drafted=s.num_drafted, num_accepted=s.num_accepted,
                                answer_line=extract_answer(s.text) is not None))
-    return Batch(out, len(problems), time.perf_counter() - t0, min_policy_version)
+    return Batch(out, len(problems), time.perf_counter() - t0)
 
 
 def assign_advantages(batch: "Batch", group_size: int) -> torch.Tensor:

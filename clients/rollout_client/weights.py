@@ -15,7 +15,7 @@ DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.
 MODES = {"abort": pb.IN_FLIGHT_ABORT, "wait": pb.IN_FLIGHT_WAIT, "keep": pb.IN_FLIGHT_KEEP}
 
 
-def _tensors(weights, dtype) -> list[tuple[str, object]]:
+def _tensors(weights) -> list[tuple[str, object]]:
     """(name, detached CPU contiguous tensor) pairs, shared storage sent once."""
     state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
     seen, out = set(), []
@@ -48,7 +48,7 @@ def push_stream(weights, version: int, *, target: int, mode: str = "wait", parti
         raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
     if checksum not in ("trailer", "header"):
         raise ValueError(f"checksum must be 'trailer' or 'header', got {checksum!r}")
-    tensors = _tensors(weights, dtype)
+    tensors = _tensors(weights)
     h, total = hashlib.sha256(), 0
     for _, t in tensors:                       # sizes (and, for a header checksum, the hash) first
         if checksum == "header":

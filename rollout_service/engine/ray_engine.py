@@ -260,8 +260,3 @@ def connect(address: str) -> None:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
                  runtime_env={"env_vars": {k: v for k, v in os.environ.items()
                                            if k.startswith(("VLLM_", "ROLLOUT_"))}})
-
-
-def make_ray_engines(n: int, model_path: str, cfg: EngineConfig, address: str, *, cpus: float, gpus: int):
-    connect(address)
-    return [RayEngine(f"engine-{i}", model_path, cfg, cpus=cpus, gpus=gpus) for i in range(n)]

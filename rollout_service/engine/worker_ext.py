@@ -22,15 +22,11 @@ from rollout_service.speculation import cpu_fix, k0_fastpath
 log = logging.getLogger(__name__)
 # Imported by every vLLM worker after vLLM registered its CPU kernels: patch the rejection sampler's
 # broken expansion here, only where the bug is detected.
-CPU_SPEC_FIX_INSTALLED = cpu_fix.install()
-K0_FASTPATH_INSTALLED = k0_fastpath.install()     # steps without drafts sample like a plain engine
+cpu_fix.install()
+k0_fastpath.install()     # steps without drafts sample like a plain engine
 
 
 class RolloutWorkerExtension:
-    def rollout_cpu_fix_installed(self) -> bool:
-        """Whether this worker runs with the CPU speculative sampling fix."""
-        return CPU_SPEC_FIX_INSTALLED
-
     def rollout_load_weights(self, path: str, target: str = "policy") -> int:
         """Load every tensor of the safetensors file at `path` into the policy or the drafter, in place.
 

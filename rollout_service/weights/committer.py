@@ -49,7 +49,6 @@ class WeightCommitter:
         self.lock = asyncio.Lock()
         self.versions = {"policy": 0, "drafter": 0}
         self.overlay: dict[str, dict[str, Path]] = {"policy": {}, "drafter": {}}   # name -> file with its value
-        self.pushes = {"policy": 0, "drafter": 0}
 
     def check_version(self, target: str, version: int) -> None:
         if self.checkpoints.get(target) is None:
@@ -67,8 +66,6 @@ class WeightCommitter:
         Runs to its end even when the caller is cancelled (shield.run_to_end), so no engine is left paused
         or half-loaded. keep_files=False hands the files to the committer: moved into its state when the
         commit lands, deleted when it fails. keep_files=True (LoadWeights) copies and never deletes them."""
-        assert mode in MODES
-
         async def commit_owning_files():
             try:
                 return await self._commit(files, names, version, target, mode, keep_files)
@@ -160,7 +157,6 @@ class WeightCommitter:
         """Record where each committed tensor's value lives, for rollback and engine restarts."""
         folder = self.state_dir / target
         folder.mkdir(parents=True, exist_ok=True)
-        self.pushes[target] += 1
         kept = []
         for i, f in enumerate(files):
             dest = folder / f"v{version}-{i}.safetensors"

@@ -99,7 +99,7 @@ def test_stale_groups_are_dropped_whole():
 def test_advantages_come_from_whole_groups():
     rs = [_rollout(0, [1], [2], reward=1.0), _rollout(0, [1], [2], reward=0.0),
           _rollout(1, [1], [2], reward=0.1), _rollout(1, [1], [2], reward=0.1)]
-    rewards = assign_advantages(Batch(rs, 2, 0.0, 0), group_size=2)
+    rewards = assign_advantages(Batch(rs, 2, 0.0), group_size=2)
     assert rewards.shape == (2, 2)
     assert [round(r.advantage, 4) for r in rs] == [1.0, -1.0, 0.0, 0.0]
 
