@@ -4,7 +4,7 @@
 
 vLLM's "auto" VLLM_CPU_OMP_THREADS_BIND leaves a core per NUMA node to the front end; on a 2-core machine
 the engine then computes on one core. The service binds the engine to every usable core on machines with
-at most engine.vllm_engine.SMALL_MACHINE_CPUS of them. This runs the plain engine (the bench/speculation.py
+at most engine.cpu_env.SMALL_MACHINE_CPUS of them. This runs the plain engine (the bench/speculation.py
 workload: the trainer task's prompts, groups of 4, temperature 1.0) under both settings, alternating
 rounds so drift on this noisy machine hits both, and prints tokens/s and the ratio per round.
 """
@@ -33,7 +33,7 @@ def main() -> None:
 
     from rollout_service.cli import resolve_model
     from rollout_service.config import SpeculationConfig
-    from rollout_service.engine.vllm_engine import cpu_list
+    from rollout_service.engine.cpu_env import cpu_list
     from rollout_service.speculation.drafters import task_prompts
 
     model = resolve_model(args.model)

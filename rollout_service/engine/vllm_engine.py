@@ -5,75 +5,20 @@ import asyncio
 import json
 import logging
 import os
-import sys
+import tempfile
 import time
 from pathlib import Path
 
 from rollout_service.config import OPEN_BATCH, EngineConfig, k_mode
 from rollout_service.engine import lifeline
 from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.cpu_env import is_cpu_platform, prepare_cpu_environment, resolve_dtype
 from rollout_service.engine.types import SeqRequest, SeqResult
 
 log = logging.getLogger(__name__)
 
 
-# vLLM's "auto" OpenMP binding leaves one core per NUMA node to the front end; on a 2-core machine that
-# halves the engine's compute. Up to this many usable CPUs, the engine's threads get all of them
-# (bench/cpu_threads.py measures both side by side).
-SMALL_MACHINE_CPUS = 4
 PREPARE_POLL_S = 0.01           # how often a commit looks whether the worker has prepared the new weights
-
-
-def cpu_list(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5": the syntax VLLM_CPU_OMP_THREADS_BIND takes."""
-    out, cpus = [], sorted(cpus)
-    i = 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def prepare_cpu_environment(kv_cache_gb: float) -> None:
-    """Environment the engine's child processes inherit on CPU machines.
-
-    Preload the venv's Intel OpenMP (vLLM warns that speculative decoding is much slower without it),
-    size the KV cache, and on small machines (<= SMALL_MACHINE_CPUS usable CPUs) bind the engine's
-    OpenMP threads to all of them. PyTorch allocates tensors of 2 MB and more on transparent huge pages
-    (THP_MEM_ALLOC_ENABLE; these kernels only grant them on madvise): a weight push prepares ~0.45 GB of
-    fresh tensors in the worker, and at 4 KB pages the ~110k page faults took 0.4-0.5 s of a 0.7 s
-    preparation (bench/weight_push.py: preparation 0.7 -> 0.25 s; generation throughput unchanged).
-    Settings already in the environment win. Spawned children exec a fresh interpreter, so os.environ
-    set here reaches them.
-    """
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    usable = sorted(os.sched_getaffinity(0))
-    if len(usable) <= SMALL_MACHINE_CPUS:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(usable))
-    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
-    preload = os.environ.get("LD_PRELOAD", "")
-    if iomp.exists() and "libiomp" not in preload:
-        os.environ["LD_PRELOAD"] = f"{iomp}:{preload}" if preload else str(iomp)
-
-
-def _is_cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def resolve_dtype(dtype: str) -> str:
-    """"auto" on a CPU without native bf16 (no AVX512-BF16/AMX) means float32: measured on these
-    machines, bf16 runs 3x slower than float32 at batch 8 (oneDNN falls back to emulation)."""
-    if dtype != "auto" or not _is_cpu_platform():
-        return dtype
-    import torch
-
-    return "auto" if torch.cpu._is_avx512_bf16_supported() else "float32"
 
 
 def speculative_config(sp) -> dict | None:
@@ -111,7 +56,7 @@ class VllmEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         extra = {}
-        if _is_cpu_platform():
+        if is_cpu_platform():
             # vLLM bug on CPU: a seeded request whose prefill is split across steps (chunked prefill)
             # kills the engine: gpu_model_runner._bookkeeping_sync rewinds the request's generator with
             # `gen.set_offset(gen.get_offset() - 4)`, which only CUDA generators support ("CPU Generator
@@ -145,7 +90,7 @@ class VllmEngine(Engine):
     async def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if _is_cpu_platform():
+        if is_cpu_platform():
             prepare_cpu_environment(self.cfg.kv_cache_gb)
         lifeline.mark_front_end()      # whatever process starts an engine (server, bench, check): it dies with it
         self.state = EngineState.STARTING
@@ -229,10 +174,9 @@ class VllmEngine(Engine):
         if self.cfg.weight_reload == "in_place":
             return False
         # The worker loads in a thread (worker_ext.rollout_prepare_weights) and the RPC returns at once, so
-        # the engine core keeps stepping; the thread reports through a file in this process's staging folder.
-        from rollout_service.weights.staging import staging_root
-
-        done = staging_root() / f"prepared-{self.id}-{time.monotonic_ns()}.json"
+        # the engine core keeps stepping; the thread reports through a file (the workers are this process's
+        # children on the same machine, so they share its temp dir).
+        done = Path(tempfile.gettempdir()) / f"rollout-prepared-{os.getpid()}-{self.id}-{time.monotonic_ns()}.json"
         await self.llm.collective_rpc("rollout_prepare_weights", args=([str(p) for p in paths], target, str(done)))
         try:
             while not done.exists():

@@ -32,7 +32,7 @@ from rollout_service.server.http_app import build_http_app
 from rollout_service.server.loop_watchdog import LoopWatchdog, freeze_startup_heap
 from rollout_service.validation import Limits
 from rollout_service.weights.service import WeightService
-from rollout_service.weights.staging import remove_staging_root, sweep_stale_roots
+from rollout_service.weights.scratch import remove_scratch_root, sweep_stale_roots
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
@@ -59,7 +59,7 @@ def serving_dtype(cfg: ServerConfig, model_path: str) -> str:
     dtype = cfg.engine.dtype
     if dtype == "auto":
         try:
-            from rollout_service.engine.vllm_engine import resolve_dtype
+            from rollout_service.engine.cpu_env import resolve_dtype
 
             dtype = resolve_dtype(dtype)
         except ImportError:       # no vLLM (unit tests with the fake engine)
@@ -165,7 +165,7 @@ class RolloutServer:
         await self.grpc.stop(self.cfg.shutdown_grace_s)
         self.http.should_exit = True
         await self._http_task
-        await asyncio.to_thread(remove_staging_root)
+        await asyncio.to_thread(remove_scratch_root)
         log.info("stopped")
 
 

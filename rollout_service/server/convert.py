@@ -7,7 +7,7 @@ from rollout_service.weights.service import Header, PushOutcome
 from rollout_service.engine.base import EngineState
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedResult
-from rollout_service.speculation.speedup import expected_speedup
+from rollout_service.speculation.speedup import expected_speedup, measured_mean_acceptance_length
 
 FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
 STATE = {
@@ -59,7 +59,7 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
     cost = 0.0 if spec_method == "ngram" else draft_cost
     for (pv, dv), c in sorted(t.spec.items()):
         rate = c.accepted / c.drafted if c.drafted else 0.0
-        mean_len = 1.0 + c.accepted / c.steps if c.steps else 1.0
+        mean_len = measured_mean_acceptance_length(c.accepted, c.steps)
         drafts = c.drafted / c.steps if c.steps else 0.0   # k per verify step, or less under k_by_batch_size
         expected = expected_speedup(mean_len, drafts, cost) if cost >= 0 and c.steps else 0.0
         if cost >= 0 and c.steps and expected < 1.0 and (pv, dv) == (pool.policy_version, pool.draft_version):

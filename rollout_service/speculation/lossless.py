@@ -18,6 +18,7 @@ import numpy as np
 
 from rollout_service.config import EngineConfig, SpeculationConfig
 from rollout_service.engine.types import SeqRequest
+from rollout_service.speculation.speedup import measured_mean_acceptance_length
 
 
 @dataclass
@@ -173,7 +174,7 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
     return LosslessReport(
         method=spec.method, samples_per_side=len(plain), tests=tests, alpha=alpha, min_p=min_p,
         acceptance_rate=accepted / drafted if drafted else 0.0,
-        mean_acceptance_length=1 + accepted / steps if steps else 1.0,
+        mean_acceptance_length=measured_mean_acceptance_length(accepted, steps),
         logprob_max_abs_err=err, logprob_atol=logprob_atol,
         passed_distribution=min_p >= alpha / len(tests), passed_logprobs=err <= logprob_atol,
         notes=[] if drafted_any else ["note: the drafter proposed nothing; this run did not exercise speculation"],

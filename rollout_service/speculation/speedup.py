@@ -19,6 +19,13 @@ def mean_acceptance_length(a: float, k: int) -> float:
     return sum(a ** i for i in range(k + 1))
 
 
+def measured_mean_acceptance_length(accepted: int, steps: int) -> float:
+    """L as measured: 1 + accepted drafts / verify steps (1.0 before any step). The one definition the service
+    reports: it holds however k varied from step to step (the controller chooses k per step), where
+    1 + k x acceptance rate would need one k for every step."""
+    return 1.0 + accepted / steps if steps else 1.0
+
+
 def per_token_acceptance(mean_len: float, k: int) -> float:
     """The a in [0, 1] whose mean_acceptance_length(a, k) is `mean_len` (clamped to [1, k + 1])."""
     if mean_len <= 1.0:

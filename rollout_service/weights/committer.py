@@ -25,7 +25,7 @@ from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
 from rollout_service.weights.manifest import safetensors_files
 from rollout_service.weights.shield import run_to_end
-from rollout_service.weights.staging import recycle
+from rollout_service.weights.scratch import recycle
 
 log = logging.getLogger(__name__)
 MODES = ("abort", "wait", "keep")

@@ -16,7 +16,8 @@ from rollout_service.weights.committer import WeightCommitter
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest
 from rollout_service.weights.paths import resolve_roots, weight_files
 from rollout_service.weights.shield import run_to_end
-from rollout_service.weights.staging import Stager, staging_root
+from rollout_service.weights.scratch import scratch_root
+from rollout_service.weights.staging import Stager
 
 log = logging.getLogger(__name__)
 # LoadWeights' directory listings and header reads: threads of their own, so reads stuck on a stalled
@@ -78,10 +79,10 @@ class WeightService:
     @classmethod
     def create(cls, pool, policy_dir: str, serving_dtype: str, drafter_dir: str | None = None, *,
                weights_roots: list[str]) -> "WeightService":
-        state = staging_root() / "committed"
+        state = scratch_root() / "committed"
         committer = WeightCommitter(pool, {"policy": Path(policy_dir),
                                            "drafter": Path(drafter_dir) if drafter_dir else None}, state,
-                                    spare_dir=staging_root())
+                                    spare_dir=scratch_root())
         manifests = {"policy": read_manifest(policy_dir, serving_dtype)}
         if drafter_dir:
             manifests["drafter"] = read_manifest(drafter_dir, serving_dtype)
@@ -98,7 +99,7 @@ class WeightService:
         t0 = time.perf_counter()
         self._check_header(header)
         stager = await asyncio.to_thread(Stager, self.manifests[header.target], header.total_bytes,
-                                         header.sha256, header.partial, staging_root())
+                                         header.sha256, header.partial, scratch_root())
         # Hashing and copying into the staging file run in a thread (hashlib and the copies release the GIL),
         # so Generate streams keep flowing on the event loop while a large push arrives. Pipelined: the next
         # chunk is received while the thread checks, hashes and copies the previous one (in order).

@@ -144,7 +144,7 @@ def test_bad_push_changes_nothing(service, client, policy, how, code, needle):
 
 
 def staged_files(service) -> list:
-    """Staging files the server holds outside its committed state (weights/staging.staging_root)."""
+    """Staging files the server holds outside its committed state (weights/scratch.scratch_root)."""
     from pathlib import Path
 
     return [p for base in (Path("/dev/shm"), Path(tempfile.gettempdir()))

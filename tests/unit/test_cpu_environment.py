@@ -1,10 +1,10 @@
-"""The environment vLLM's CPU engine processes inherit (engine/vllm_engine.prepare_cpu_environment)."""
+"""The environment vLLM's CPU engine processes inherit (engine/cpu_env.prepare_cpu_environment)."""
 import os
 
 import pytest
 
-from rollout_service.engine import vllm_engine
-from rollout_service.engine.vllm_engine import cpu_list, prepare_cpu_environment
+from rollout_service.engine import cpu_env
+from rollout_service.engine.cpu_env import cpu_list, prepare_cpu_environment
 
 
 @pytest.mark.parametrize("cpus, text", [([0], "0"), ([0, 1], "0-1"), ([3, 0, 1, 2, 5], "0-3,5"),
@@ -29,7 +29,7 @@ def test_small_machine_binds_every_usable_cpu(clean_env):
 
 
 def test_large_machine_keeps_vllms_auto_binding(clean_env):
-    many = set(range(vllm_engine.SMALL_MACHINE_CPUS + 1))
+    many = set(range(cpu_env.SMALL_MACHINE_CPUS + 1))
     clean_env.setattr(os, "sched_getaffinity", lambda pid: many)
     prepare_cpu_environment(2)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ

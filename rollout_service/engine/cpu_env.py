@@ -1,0 +1,64 @@
+"""The CPU machine's side of running vLLM: the environment engine processes inherit, and the dtype "auto"
+means there. Imported by the engine; nothing here starts one."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# vLLM's "auto" OpenMP binding leaves one core per NUMA node to the front end; on a 2-core machine that
+# halves the engine's compute. Up to this many usable CPUs, the engine's threads get all of them
+# (bench/cpu_threads.py measures both side by side).
+SMALL_MACHINE_CPUS = 4
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5": the syntax VLLM_CPU_OMP_THREADS_BIND takes."""
+    out, cpus = [], sorted(cpus)
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def prepare_cpu_environment(kv_cache_gb: float) -> None:
+    """Environment the engine's child processes inherit on CPU machines.
+
+    Preload the venv's Intel OpenMP (vLLM warns that speculative decoding is much slower without it),
+    size the KV cache, and on small machines (<= SMALL_MACHINE_CPUS usable CPUs) bind the engine's
+    OpenMP threads to all of them. PyTorch allocates tensors of 2 MB and more on transparent huge pages
+    (THP_MEM_ALLOC_ENABLE; these kernels only grant them on madvise): a weight push prepares ~0.45 GB of
+    fresh tensors in the worker, and at 4 KB pages the ~110k page faults took 0.4-0.5 s of a 0.7 s
+    preparation (bench/weight_push.py: preparation 0.7 -> 0.25 s; generation throughput unchanged).
+    Settings already in the environment win. Spawned children exec a fresh interpreter, so os.environ
+    set here reaches them.
+    """
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) <= SMALL_MACHINE_CPUS:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(usable))
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    preload = os.environ.get("LD_PRELOAD", "")
+    if iomp.exists() and "libiomp" not in preload:
+        os.environ["LD_PRELOAD"] = f"{iomp}:{preload}" if preload else str(iomp)
+
+
+def is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def resolve_dtype(dtype: str) -> str:
+    """"auto" on a CPU without native bf16 (no AVX512-BF16/AMX) means float32: measured on these
+    machines, bf16 runs 3x slower than float32 at batch 8 (oneDNN falls back to emulation)."""
+    if dtype != "auto" or not is_cpu_platform():
+        return dtype
+    import torch
+
+    return "auto" if torch.cpu._is_avx512_bf16_supported() else "float32"

@@ -1,0 +1,43 @@
+"""A weight service over FakeEngines (no vLLM), shared by the unit tests of commits, staging, the scratch
+folder and engine recovery."""
+
+import pytest
+import torch
+from rollout_client.weights import push_stream
+from safetensors.torch import save_file
+
+from rollout_service.api import pb
+from rollout_service.engine.fake import FakeEngine
+from rollout_service.pool.pool import EnginePool
+from rollout_service.weights.service import Chunk, Header, Trailer, WeightService
+
+ORIGINAL = {"a.weight": torch.zeros(4, 3), "b.bias": torch.ones(5, dtype=torch.bfloat16)}
+
+
+@pytest.fixture
+def make_service(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_file(ORIGINAL, str(ckpt / "model.safetensors"))
+    (ckpt / "config.json").write_text("{}")
+
+    async def make(engines=2):
+        pool = EnginePool([FakeEngine(f"e{i}") for i in range(engines)], max_queue=10)
+        await pool.start()
+        return pool, WeightService.create(pool, str(ckpt), "float32", weights_roots=[str(tmp_path)])
+    return make
+
+
+async def push(svc, weights, version, **kw):
+    msgs = list(push_stream(weights, version, target=pb.TARGET_POLICY, chunk_bytes=kw.pop("chunk_bytes", 7), **kw))
+    h = msgs[0].header
+    header = Header(h.version, "policy", h.total_bytes, h.sha256, "wait", h.partial)
+
+    async def chunks():
+        for m in msgs[1:]:
+            if m.WhichOneof("item") == "trailer":
+                yield Trailer(m.trailer.sha256)
+                continue
+            c = m.chunk
+            yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+    return await svc.push(header, chunks())
