@@ -139,7 +139,7 @@ async def run(args) -> dict:
     from rollout_service.cli import resolve_model
     from rollout_service.config import SpeculationConfig
     from rollout_service.engine.vllm_engine import resolve_dtype
-    from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
+    from rollout_service.drafting.drafters import default_drafter_dir, task_prompts
 
     model = resolve_model(args.model)
     batches = [int(x) for x in args.batches.split(",")]
@@ -173,7 +173,7 @@ def from_table(path: Path, model: str | None) -> dict:
     from transformers import AutoTokenizer
 
     from rollout_service.cli import resolve_model
-    from rollout_service.speculation.drafters import task_prompts
+    from rollout_service.drafting.drafters import task_prompts
 
     model = resolve_model(model)
     plain, cost = {}, {}

@@ -34,7 +34,7 @@ def main() -> None:
     from rollout_service.cli import resolve_model
     from rollout_service.config import SpeculationConfig
     from rollout_service.engine.cpu_env import cpu_list
-    from rollout_service.speculation.drafters import task_prompts
+    from rollout_service.drafting.drafters import task_prompts
 
     model = resolve_model(args.model)
     conc = [int(x) for x in args.concurrency.split(",")]

@@ -29,7 +29,7 @@ async def run(args) -> None:
 
     from rollout_service.cli import resolve_model
     from rollout_service.config import OPEN_BATCH, SpeculationConfig
-    from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
+    from rollout_service.drafting.drafters import default_drafter_dir, task_prompts
 
     model = resolve_model(args.model)
     drafters = {"draft_model": args.draft_model or str(default_drafter_dir("draft_model")),

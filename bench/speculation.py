@@ -72,7 +72,7 @@ def drafter_cost(model: str, method: str, drafter: str, concurrency: list[int], 
 
     target = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     if method == "eagle3":
-        from rollout_service.speculation.eagle3 import load_head
+        from rollout_service.drafting.eagle3 import load_head
 
         head = load_head(drafter, target).eval()
     else:
@@ -131,7 +131,7 @@ async def run(args) -> list[dict]:
 
     from rollout_service.cli import resolve_model
     from rollout_service.config import SpeculationConfig
-    from rollout_service.speculation.drafters import default_drafter_dir, task_prompts
+    from rollout_service.drafting.drafters import default_drafter_dir, task_prompts
 
     model = resolve_model(args.model)
     drafters = {"draft_model": args.draft_model or str(default_drafter_dir("draft_model")),

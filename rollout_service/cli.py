@@ -162,7 +162,7 @@ def cmd_serve(args) -> int:
 def cmd_verify_lossless(args) -> int:
     from rollout_service.config import ConfigError, load_config, parse_k_schedule
     from rollout_service.model_info import ModelInfo
-    from rollout_service.speculation.lossless import check_lossless
+    from rollout_service.drafting.lossless import check_lossless
 
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "prepare-drafter":
         from pathlib import Path
 
-        from rollout_service.speculation.drafters import prepare_draft_model, prepare_eagle3_head
+        from rollout_service.drafting.drafters import prepare_draft_model, prepare_eagle3_head
 
         out = Path(args.out) if args.out else None
         if args.kind == "eagle3":

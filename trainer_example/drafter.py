@@ -24,7 +24,7 @@ def build_initial_drafter(policy_dir: str, out: Path, layers: int = 2) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollout_service.models import _save_atomically
-    from rollout_service.speculation.drafters import build_student
+    from rollout_service.drafting.drafters import build_student
 
     if (out / "config.json").exists():
         return out

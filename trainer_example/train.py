@@ -303,7 +303,7 @@ def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
         return None
     if args.drafter:
         return args.drafter
-    from rollout_service.speculation.drafters import default_drafter_dir
+    from rollout_service.drafting.drafters import default_drafter_dir
     from trainer_example.drafter import build_initial_drafter
 
     cached = default_drafter_dir("draft_model")

@@ -20,7 +20,7 @@ from rollout_client.weights import push_stream
 from rollout_service.api import pb
 from rollout_service.launcher import ServiceProcess
 from rollout_service.models import perturbed_copy
-from rollout_service.speculation.reference import processed_logprobs
+from rollout_service.drafting.reference import processed_logprobs
 from tests.integration.conftest import SERVICE_ARGS, wait_for
 
 PROMPT = [[1, 504, 3458, 314, 260]]

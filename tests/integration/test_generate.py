@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout_service.speculation.reference import processed_logprobs
+from rollout_service.drafting.reference import processed_logprobs
 
 VOCAB = 49152
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683], [1, 28, 29, 30, 31, 32, 33]]

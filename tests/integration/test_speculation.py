@@ -9,7 +9,7 @@ from rollout_client import RolloutClient
 from rollout_service.config import SpeculationConfig
 from rollout_service.launcher import ServiceProcess
 from rollout_service.models import perturbed_copy
-from rollout_service.speculation.lossless import check_lossless, sample_plain
+from rollout_service.drafting.lossless import check_lossless, sample_plain
 from tests.integration.conftest import SERVICE_ARGS
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9]]
@@ -131,7 +131,7 @@ def eagle3_head(tiny_model, tmp_path_factory):
     random network, so like any drafter the head can only learn the continuations it is shown."""
     from transformers import AutoModelForCausalLM
 
-    from rollout_service.speculation.eagle3 import prepare_eagle3
+    from rollout_service.drafting.eagle3 import prepare_eagle3
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     torch.manual_seed(0)
@@ -259,7 +259,7 @@ def test_identical_drafter_accepts_nearly_everything_and_worse_drafter_less(spec
 def test_speculative_service_logprobs_match_reference(spec_service, tiny_model):
     from transformers import AutoModelForCausalLM
 
-    from rollout_service.speculation.reference import processed_logprobs
+    from rollout_service.drafting.reference import processed_logprobs
 
     _, c = spec_service
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from rollout_client import RolloutClient
 from rollout_service.launcher import ServiceProcess
 from rollout_service.models import build_tiny_model
-from rollout_service.speculation.reference import processed_logprobs
+from rollout_service.drafting.reference import processed_logprobs
 from tests.integration.conftest import SERVICE_ARGS
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]

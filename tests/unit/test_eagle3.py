@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rollout_service.speculation import eagle3
+from rollout_service.drafting import eagle3
 
 
 @pytest.fixture(scope="module")

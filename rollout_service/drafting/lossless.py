@@ -186,7 +186,7 @@ def _logprob_error(model_dir: str, prompts, outputs, temperature, top_k, top_p) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rollout_service.speculation.reference import processed_logprobs
+    from rollout_service.drafting.reference import processed_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     worst = 0.0

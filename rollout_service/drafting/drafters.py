@@ -4,7 +4,7 @@ draft_model: a 2-layer model that shares SmolLM2's tokenizer, embeddings and hea
 target's first layers and distilled (KL to the target's full next-token distribution) on the target's
 own samples for the trainer example's task: the RL domain the drafter has to predict.
 eagle3: an EAGLE-3 head trained on the target's hidden states (three layers) and next-token distributions
-for the same samples (rollout_service/speculation/eagle3.py).
+for the same samples (rollout_service/drafting/eagle3.py).
 """
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int
 
 def prepare_eagle3_head(target_dir: str, out: Path | None = None, *, prompts: int = 192, max_tokens: int = 128,
                         epochs: int = 10, force: bool = False) -> Path:
-    from rollout_service.speculation.eagle3 import prepare_eagle3
+    from rollout_service.drafting.eagle3 import prepare_eagle3
 
     out = out or default_drafter_dir("eagle3")
     if (out / "config.json").exists() and not force:
