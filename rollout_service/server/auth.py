@@ -23,7 +23,14 @@ log = logging.getLogger(__name__)
 ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in ("PushWeights", "UpdateDraft", "LoadWeights",
                                                                           "ScaleEngines"))
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
-OPEN_HTTP_PATHS = frozenset({"/healthz"})
+OPEN_HTTP_PATHS = frozenset({"/healthz", "/health"})
+# HTTP dialect endpoints that change what is served or stop others' work: the admin token, as on gRPC
+ADMIN_HTTP_PATHS = frozenset({
+    "/update_weights", "/update_weights_from_disk", "/pause", "/resume", "/abort_requests", "/reset_prefix_cache",
+    "/pause_generation", "/continue_generation", "/abort_request", "/flush_cache", "/init_weight_transfer_engine",
+    "/start_weight_update", "/finish_weight_update", "/start_draft_weight_update", "/shutdown_weight_transfer_engine",
+    "/init_weights_update_group", "/update_weights_from_distributed", "/update_weights_from_tensor",
+    "/update_weights_from_ipc", "/destroy_weights_update_group"})
 
 
 def _read_secret(path: str, env: str, what: str) -> str:
@@ -137,9 +144,22 @@ def http_middleware(creds: Credentials):
     """FastAPI middleware: a bearer token (client or admin) on every path except /healthz."""
     from fastapi.responses import JSONResponse
 
+    def refuse(status: int, message: str, **headers):
+        return JSONResponse({"object": "error", "message": message,
+                             "error": {"message": message, "type": "AuthenticationError" if status == 401 else
+                                       "PermissionDeniedError", "param": None, "code": status}},
+                            status_code=status, headers=headers or None)
+
     async def check(request, call_next):
-        if request.url.path not in OPEN_HTTP_PATHS and creds.role(request.headers.get("authorization")) is None:
-            return JSONResponse({"error": "missing or wrong bearer token: send 'Authorization: Bearer <token>'"},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        path = request.url.path
+        if path in OPEN_HTTP_PATHS:
+            return await call_next(request)
+        role = creds.role(request.headers.get("authorization"))
+        if role is None:
+            return refuse(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                          **{"WWW-Authenticate": "Bearer"})
+        if path in ADMIN_HTTP_PATHS and role != "admin":
+            return refuse(403, f"{path} changes what the service serves and needs the admin token "
+                               "('Authorization: Bearer <admin token>')")
         return await call_next(request)
     return check

@@ -12,11 +12,12 @@ from rollout_service.config import SpeculationConfig, k_mode
 from rollout_service.errors import ServiceError, invalid
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
+from rollout_service.pool.requests import RequestRecord
 from rollout_service.pool.scaling import Scaler
 from rollout_service.server.auth import Credentials, caller_id
 from rollout_service.server.convert import (header_from_proto, target_and_mode, push_result_to_proto,
                                             sample_to_proto, status_to_proto)
-from rollout_service.validation import Limits, check_generate
+from rollout_service.validation import CheckedRequest, Limits, check_generate
 from rollout_service.weights.service import Chunk, Trailer, WeightService
 
 log = logging.getLogger(__name__)
@@ -56,22 +57,27 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             if not self.streams[caller]:
                 del self.streams[caller]
 
+    async def admit(self, request: pb.GenerateRequest) -> tuple[CheckedRequest, RequestRecord]:
+        """Check a request and admit it to the pool (or find the record it retries): the one admission path,
+        shared by Generate and the HTTP dialects (server/compat/). Raises ServiceError."""
+        if any(p.text for p in request.prompts) or request.ByteSize() > HEAVY_REQUEST_BYTES:
+            # tokenising text (chat templates) and hashing a large request take milliseconds to seconds:
+            # not on the event loop. One thread: a Hugging Face tokenizer is not safe to share across threads.
+            checked = await asyncio.get_running_loop().run_in_executor(
+                TOKENIZER, check_generate, request, self.model, self.limits)
+        else:
+            checked = check_generate(request, self.model, self.limits)
+        if request.min_policy_version > self.pool.policy_version:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"min_policy_version={request.min_policy_version} but the service serves "
+                               f"policy version {self.pool.policy_version}; push newer weights first or "
+                               "lower min_policy_version")
+        return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups)
+
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK
         try:
-            if any(p.text for p in request.prompts) or request.ByteSize() > HEAVY_REQUEST_BYTES:
-                # tokenising text (chat templates) and hashing a large request take milliseconds to seconds:
-                # not on the event loop. One thread: a Hugging Face tokenizer is not safe to share across threads.
-                checked = await asyncio.get_running_loop().run_in_executor(
-                    TOKENIZER, check_generate, request, self.model, self.limits)
-            else:
-                checked = check_generate(request, self.model, self.limits)
-            if request.min_policy_version > self.pool.policy_version:
-                raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"min_policy_version={request.min_policy_version} but the service serves "
-                                   f"policy version {self.pool.policy_version}; push newer weights first or "
-                                   "lower min_policy_version")
-            record = self.pool.submit(checked.request_id, checked.fingerprint, checked.groups)
+            checked, record = await self.admit(request)
         except ServiceError as e:
             self.pool.telemetry.m_requests.labels(e.code.name).inc()
             await context.abort(e.code, e.message)

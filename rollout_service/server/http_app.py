@@ -51,4 +51,11 @@ def build_http_app(servicer, creds=None) -> FastAPI:
 
         app.middleware("http")(http_middleware(creds))
     app.include_router(router)
+    # vLLM's and SGLang's HTTP dialects, translated onto the same pool (server/compat/, docs/http-dialects.md)
+    from rollout_service.server.compat.gateway import Gateway
+    from rollout_service.server.compat import sglang_api, vllm_api
+
+    app.state.gateway = Gateway(servicer)
+    app.include_router(vllm_api.router)
+    app.include_router(sglang_api.router)
     return app

@@ -49,6 +49,23 @@ class WeightCommitter:
         self.lock = asyncio.Lock()
         self.versions = {"policy": 0, "drafter": 0}
         self.overlay: dict[str, dict[str, Path]] = {"policy": {}, "drafter": {}}   # name -> file with its value
+        self.held: str | None = None              # an operator's pause (HTTP /pause): its in-flight mode
+
+    async def hold(self, mode: str) -> None:
+        """Pause every engine until release() (the HTTP dialects' /pause, /pause_generation). New requests
+        queue meanwhile; commits made while held leave the engines paused. Waits for a running commit."""
+        async with self.lock:
+            if self.held is None:
+                engines = [e for e in self.pool.engines if e.state is EngineState.READY]
+                await asyncio.gather(*(e.pause(mode) for e in engines))
+                self.held = mode
+
+    async def release(self) -> None:
+        """End hold(): every paused engine generates again (queued and kept sequences continue)."""
+        async with self.lock:
+            if self.held is not None:
+                await asyncio.gather(*(e.resume() for e in self.pool.engines if e.state is EngineState.PAUSED))
+                self.held = None
 
     def check_version(self, target: str, version: int) -> None:
         if self.checkpoints.get(target) is None:
@@ -85,7 +102,9 @@ class WeightCommitter:
             t_prepare = time.perf_counter()
             prepared = await self._prepare(engines, files, version, target)   # engines keep generating
             prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
-            await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
+            held = self.held is not None                               # paused by an operator already
+            if not held:
+                await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
             t_apply = time.perf_counter()                              # from here on nothing generates
             swapped = []
             try:
@@ -101,7 +120,8 @@ class WeightCommitter:
                 await asyncio.gather(*(e.discard_weights() for e in engines[len(swapped) + 1:]),
                                      return_exceptions=True)
                 await self._roll_back(swapped + [failed], names, target)
-                await asyncio.gather(*(e.resume() for e in engines if e.state is EngineState.PAUSED))
+                if not held:
+                    await asyncio.gather(*(e.resume() for e in engines if e.state is EngineState.PAUSED))
                 raise ServiceError(grpc.StatusCode.INTERNAL,
                                    f"commit of {target} version {version} failed on {failed.id} "
                                    f"({type(err).__name__}: {err}); every engine still serves {target} version "
@@ -110,7 +130,8 @@ class WeightCommitter:
             self.versions[target] = version
             await asyncio.gather(*(e.set_versions(self.versions["policy"], self.versions["drafter"])
                                    for e in engines))
-            await asyncio.gather(*(e.resume() for e in engines))
+            if not held:
+                await asyncio.gather(*(e.resume() for e in engines))
             pause_s = time.perf_counter() - t_apply
             # Copying the committed file away (LoadWeights: a whole model) must not stall the event loop.
             await asyncio.to_thread(self._remember, files, names, target, version, keep_files)
@@ -147,6 +168,8 @@ class WeightCommitter:
                         await engine.load_weights(str(f), target)
                 await engine.set_versions(self.versions["policy"], self.versions["drafter"])
                 engine.state = EngineState.READY
+                if self.held is not None:             # an operator's pause covers it too
+                    await engine.pause(self.held)
                 log.info("%s restarted at policy version %d, drafter version %d", engine.id,
                          self.versions["policy"], self.versions["drafter"])
             except Exception:  # noqa: BLE001

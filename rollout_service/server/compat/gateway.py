@@ -1,0 +1,289 @@
+"""What the HTTP dialects share: the one admission path (RolloutServicer.admit, as gRPC Generate uses it),
+weight loads through the same commit as LoadWeights, ServiceError -> HTTP status, and the extension
+fields that tell every answer's policy version(s) and drafter statistics.
+
+A dialect parses its JSON into a GenerateRequest (rejecting what it cannot serve, naming the field), runs it
+here, and writes the samples in its own shape. Nothing here knows a dialect.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from rollout_service.api import pb
+from rollout_service.errors import ServiceError
+from rollout_service.pool.requests import IndexedResult
+from rollout_service.server.grpc_service import TOKENIZER
+from rollout_service.validation import CheckedRequest
+
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+ERROR_TYPE = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+              404: "NotFoundError", 409: "ConflictError", 429: "RateLimitError", 501: "NotImplementedError",
+              503: "ServiceUnavailableError"}
+
+
+class DialectError(Exception):
+    """A request a dialect cannot serve as sent: an HTTP status and a message naming the field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def from_service_error(e: ServiceError, renames: tuple[tuple[str, str], ...] = ()) -> DialectError:
+    """The same message as gRPC gives, with the field names spelled as the dialect spells them."""
+    message = e.message
+    for ours, theirs in renames:
+        message = message.replace(ours, theirs)
+    return DialectError(HTTP_STATUS.get(e.code, 500), message)
+
+
+def error_response(e: DialectError) -> JSONResponse:
+    """OpenAI's error shape (vLLM and SGLang answer in it; the openai client raises its typed errors from it)."""
+    body = {"object": "error", "message": e.message,
+            "error": {"message": e.message, "type": ERROR_TYPE.get(e.status, "InternalServerError"),
+                      "param": e.param, "code": e.status}}
+    headers = {"Retry-After": "1"} if e.status in (429, 503) else None
+    return JSONResponse(body, status_code=e.status, headers=headers)
+
+
+def rollout_fields(r) -> dict:
+    """The extension every sample carries: which policy version(s) produced it, with which drafter."""
+    return {"policy_version": r.policy_version,
+            "version_spans": [{"policy_version": v, "first_token": t} for v, t in r.version_spans],
+            "draft_version": r.draft_version, "num_drafted": r.num_drafted, "num_accepted": r.num_accepted}
+
+
+def rollout_headers(results) -> dict[str, str]:
+    """Response headers summing the samples: policy versions that produced them, drafter version, counts."""
+    rs = [item.result for item in results]
+    versions = sorted({v for r in rs for v, _ in r.version_spans} | {r.policy_version for r in rs})
+    return {"x-rollout-policy-versions": ",".join(map(str, versions)),
+            "x-rollout-draft-versions": ",".join(map(str, sorted({r.draft_version for r in rs}))),
+            "x-rollout-num-drafted": str(sum(r.num_drafted for r in rs)),
+            "x-rollout-num-accepted": str(sum(r.num_accepted for r in rs))}
+
+
+class Gateway:
+    """The servicer's data and control plane, called from HTTP handlers."""
+
+    def __init__(self, servicer):
+        self.servicer = servicer
+        self.pool = servicer.pool
+
+    @property
+    def model(self):
+        return self.servicer.model
+
+    def serving_headers(self) -> dict[str, str]:
+        return {"x-rollout-policy-version": str(self.pool.policy_version),
+                "x-rollout-draft-version": str(self.pool.draft_version)}
+
+    @contextlib.asynccontextmanager
+    async def generate(self, request: pb.GenerateRequest,
+                       renames: tuple[tuple[str, str], ...] = ()
+                       ) -> AsyncIterator[tuple[CheckedRequest, AsyncIterator[IndexedResult]]]:
+        """Admit `request` exactly as gRPC Generate does; yield (checked, samples as they finish). Leaving the
+        block before the last sample (the HTTP client went away) aborts the engine work, as a cancelled
+        stream does. Raises DialectError for a refusal at admission; errors after it stay ServiceError."""
+        telemetry = self.pool.telemetry
+        try:
+            checked, record = await self.servicer.admit(request)
+        except ServiceError as e:
+            telemetry.m_requests.labels(e.code.name).inc()
+            raise from_service_error(e, renames) from None
+        self.pool.attach(record)
+        code = "OK"
+        try:
+            yield checked, record.read()
+        except ServiceError as e:
+            code = e.code.name
+            raise
+        except BaseException:
+            code = "CANCELLED"
+            raise
+        finally:
+            self.pool.detach(record)
+            telemetry.m_requests.labels(code).inc()
+
+    def decode(self, ids: list[int]) -> str:
+        """A sample's text (blocking: call in the tokenizer thread)."""
+        return self.model.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def in_tokenizer_thread(self, fn, *args):
+        """Tokenizer work (decoding, chat templates) off the event loop, on the thread gRPC uses for it."""
+        return await asyncio.get_running_loop().run_in_executor(TOKENIZER, fn, *args)
+
+    async def load_policy(self, path: str, version: int | None, mode: str, where: str) -> dict:
+        """Weights from a path: LoadWeights' validated, all-or-nothing commit (security.weights_roots apply).
+        version None: the next integer after the serving one."""
+        weights = self.servicer.weights
+        if version is None:
+            version = weights.committer.versions["policy"] + 1
+        try:
+            out = await weights.load(path, version, "policy", mode, False)
+        except ServiceError as e:
+            raise from_service_error(e, (("LoadWeights: ", f"{where}: "),)) from None
+        return {"version": out.version, "num_tensors": out.num_tensors, "num_bytes": out.num_bytes,
+                "total_s": round(out.total_s, 3), "pause_s": round(out.pause_s, 3)}
+
+    async def pause(self, mode: str) -> None:
+        await self.servicer.weights.committer.hold(mode)
+
+    async def resume(self) -> None:
+        await self.servicer.weights.committer.release()
+
+    @property
+    def paused(self) -> bool:
+        return self.servicer.weights.committer.held is not None
+
+    def abort(self, request_ids: list[str] | None) -> int:
+        """Fail the named requests (None: every unfinished one) with ABORTED; their engine work stops."""
+        aborted = 0
+        for rec in list(self.pool.live):
+            if request_ids is None or rec.request_id in request_ids:
+                self.pool._fail(rec, ServiceError(grpc.StatusCode.ABORTED, "aborted by an operator's abort request"))
+                aborted += 1
+        return aborted
+
+    async def reset_prefix_cache(self) -> bool:
+        done = await asyncio.gather(*(e.reset_prefix_cache() for e in self.pool.engines if e.state.name == "READY"))
+        return bool(done) and all(done)
+
+
+async def until_disconnect(request: Request, work):
+    """Run `work` (a coroutine) but cancel it when the HTTP client disconnects (vLLM's with_cancellation):
+    a trainer that gives up on a request frees its engine slots."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected():
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise DialectError(499, "the client disconnected")
+    return task.result()
+
+
+def json_body(raw: bytes) -> dict:
+    import json
+
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as e:
+        raise DialectError(400, f"the request body is not valid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise DialectError(400, "the request body must be a JSON object")
+    return body
+
+
+class Fields:
+    """Typed reads of a JSON object; a wrong type is a 400 naming the field (prefix: where it sits)."""
+
+    def __init__(self, body: dict, prefix: str = ""):
+        self.body, self.prefix = body, prefix
+
+    def _bad(self, key: str, what: str, value) -> DialectError:
+        return DialectError(400, f"{self.prefix}{key}: must be {what}, got {value!r:.80}", self.prefix + key)
+
+    def get(self, key: str, default=None):
+        v = self.body.get(key)
+        return default if v is None else v
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        v = self.get(key, default)
+        if not isinstance(v, bool):
+            raise self._bad(key, "true or false", v)
+        return v
+
+    def int(self, key: str, default=None):
+        v = self.get(key, default)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise self._bad(key, "an integer", v)
+        return v
+
+    def float(self, key: str, default=None):
+        v = self.get(key, default)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise self._bad(key, "a number", v)
+        return None if v is None else float(v)
+
+    def str_list(self, key: str) -> list[str]:
+        v = self.get(key, [])
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+            raise self._bad(key, "a string or a list of strings", v)
+        return v
+
+    def int_list(self, key: str) -> list[int]:
+        v = self.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            raise self._bad(key, "a list of integers", v)
+        return v
+
+    def unsupported(self, key: str, default, why: str) -> None:
+        """A parameter this service does not implement: fine at its default value, a 400 otherwise."""
+        v = self.body.get(key)
+        if v is not None and v != default:
+            raise DialectError(400, f"{self.prefix}{key}: {why} (got {v!r:.80})", self.prefix + key)
+
+
+def sampling_params(f: Fields, max_tokens_key: str) -> pb.SamplingParams:
+    """The sampling fields both dialects share (their names match vLLM's and SGLang's, bar max tokens)."""
+    sp = pb.SamplingParams()
+    for key in ("temperature", "top_p"):
+        v = f.float(key)
+        if v is not None:
+            setattr(sp, key, v)
+    top_k = f.int("top_k")
+    if top_k is not None:
+        sp.top_k = max(min(top_k, 2**31 - 1), -(2**31))     # validation names the range
+    max_tokens = f.int(max_tokens_key)
+    if max_tokens is not None:
+        sp.max_tokens = max(min(max_tokens, 2**31 - 1), -(2**31))
+    seed = f.int("seed")
+    if seed is not None:
+        if seed < 0:
+            raise DialectError(400, f"{f.prefix}seed: must be >= 0, got {seed}", f.prefix + "seed")
+        sp.seed = seed % 2**64
+    sp.stop.extend(f.str_list("stop"))
+    ids = f.int_list("stop_token_ids")
+    if any(not -(2**31) <= t < 2**31 for t in ids):
+        raise DialectError(400, f"{f.prefix}stop_token_ids: outside the vocabulary", f.prefix + "stop_token_ids")
+    sp.stop_token_ids.extend(ids)
+    sp.ignore_eos = f.bool("ignore_eos")
+    for key, default in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
+        f.unsupported(key, default, "penalties change the sampled distribution away from the policy's; "
+                                    "this service samples the policy only (leave it at its default)")
+    return sp
+
+
+def token_prompt(ids: list, where: str) -> pb.Prompt:
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise DialectError(400, f"{where}: token ids must be integers", where)
+    if any(not -(2**31) <= t < 2**31 for t in ids):
+        bad = next(t for t in ids if not -(2**31) <= t < 2**31)
+        raise DialectError(400, f"{where}.token_ids: {bad} is outside the vocabulary", where)
+    return pb.Prompt(token_ids=ids)

@@ -1,0 +1,263 @@
+"""SGLang's HTTP dialect (what slime and AReaL's SGLang backend call), as a thin translator onto the pool.
+
+`meta_info.weight_version` is the policy version that produced a sample (SGLang's own field);
+`meta_info.rollout` carries the version spans and drafter statistics, as in the vLLM dialect.
+"""
+from __future__ import annotations
+
+import functools
+import uuid
+
+import grpc
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from rollout_service.api import pb
+from rollout_service.errors import ServiceError
+from rollout_service.server.compat.gateway import (
+    DialectError,
+    Fields,
+    Gateway,
+    error_response,
+    from_service_error,
+    json_body,
+    rollout_fields,
+    rollout_headers,
+    sampling_params,
+    token_prompt,
+    until_disconnect,
+)
+from rollout_service.server.compat.vllm_api import _no_collectives
+
+router = APIRouter()
+RENAMES = (("sampling.max_tokens", "sampling_params.max_new_tokens"), ("sampling.", "sampling_params."),
+           ("prompts[", "input_ids["), ("n: ", "sampling_params.n: "))
+# SGLang's pause modes -> the engines' in-flight modes
+PAUSE_MODES = {"abort": "abort", "in_place": "keep", "retract": "keep"}
+
+
+def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def _errors(handler):
+    @functools.wraps(handler)
+    async def wrapped(request: Request):
+        try:
+            return await handler(request)
+        except DialectError as e:
+            return error_response(e)
+    return wrapped
+
+
+def parse_generate(body: dict) -> tuple[pb.GenerateRequest, bool, bool, bool]:
+    """-> (request, batched, return_logprob, stream)."""
+    f = Fields(body)
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise DialectError(400, "sampling_params: one object for the whole batch (a list per prompt is not "
+                                "supported)", "sampling_params")
+    if sp.get("seed") is None and sp.get("sampling_seed") is not None:       # SGLang's name for it
+        sp = sp | {"seed": sp["sampling_seed"]}
+    sf = Fields(sp, "sampling_params.")
+    sf.unsupported("min_new_tokens", 0, "min_new_tokens is not supported (it changes the sampled distribution)")
+    sf.unsupported("json_schema", None, "constrained decoding is not supported")
+    sf.unsupported("regex", None, "constrained decoding is not supported")
+    req = pb.GenerateRequest(sampling=sampling_params(sf, "max_new_tokens"))
+    if sp.get("max_new_tokens") is None:
+        req.sampling.max_tokens = 128                  # SGLang's default
+    n = sf.int("n", 1)
+    req.n = max(min(n, 2**31 - 1), -(2**31))
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise DialectError(400, "text / input_ids: set exactly one of them", "input_ids")
+    if text is not None:
+        batched = isinstance(text, list)
+        texts = text if batched else [text]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise DialectError(400, "text: must be a string or a non-empty list of strings", "text")
+        req.prompts.extend(pb.Prompt(text=t) for t in texts)
+    else:
+        if not isinstance(ids, list) or not ids:
+            raise DialectError(400, "input_ids: must be a list of token ids or a list of such lists", "input_ids")
+        batched = isinstance(ids[0], list)
+        lists = ids if batched else [ids]
+        if batched and not all(isinstance(x, list) for x in lists):
+            raise DialectError(400, "input_ids: mixes token ids and lists of them", "input_ids")
+        req.prompts.extend(token_prompt(x, f"input_ids[{i}]" if batched else "input_ids") for i, x in enumerate(lists))
+    rid = body.get("rid")
+    if rid is not None:
+        if not isinstance(rid, str):
+            raise DialectError(400, "rid: one string for the request (a list per prompt is not supported)", "rid")
+        req.request_id = rid
+    if f.bool("stream"):
+        raise DialectError(400, "stream: not served in the SGLang dialect; use /v1/completions with "
+                                "\"stream\": true", "stream")
+    f.unsupported("return_text_in_logprobs", False, "token texts in log-probs are not served")
+    f.unsupported("logprob_start_len", -1, "prompt log-probs are not served")
+    f.unsupported("top_logprobs_num", 0, "only the sampled token's log-prob is served")
+    return req, batched, f.bool("return_logprob"), False
+
+
+def _finish(r) -> dict:
+    if r.finish_reason == "length":
+        return {"type": "length", "length": len(r.token_ids)}
+    matched = r.stop_string or (r.token_ids[-1] if r.token_ids else None)
+    return {"type": "stop", "matched": matched}
+
+
+def _sample(item, text: str, prompt_len: int, rid: str, return_logprob: bool) -> dict:
+    r = item.result
+    meta = {"id": rid, "finish_reason": _finish(r), "prompt_tokens": prompt_len,
+            "completion_tokens": len(r.token_ids), "cached_tokens": 0, "weight_version": str(r.policy_version),
+            "rollout": rollout_fields(r)}
+    if r.num_drafted:
+        meta["spec_verify_ct"] = r.num_drafted
+    if return_logprob:
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.logprobs, r.token_ids)]
+    return {"text": text, "output_ids": r.token_ids, "meta_info": meta}
+
+
+def _aborted(rid: str, prompt_len: int, return_logprob: bool, policy_version: int) -> dict:
+    meta = {"id": rid, "finish_reason": {"type": "abort", "message": "aborted (an abort-mode weight update, pause "
+                                                                      "or abort request)"},
+            "prompt_tokens": prompt_len, "completion_tokens": 0, "weight_version": str(policy_version)}
+    if return_logprob:
+        meta["output_token_logprobs"] = []
+    return {"text": "", "output_ids": [], "meta_info": meta}
+
+
+async def _run(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_logprob: bool) -> Response:
+    async with gw.generate(req, RENAMES) as (checked, samples):
+        items, aborted = [], False
+        try:
+            async for item in samples:
+                items.append(item)
+        except ServiceError as e:
+            if e.code != grpc.StatusCode.ABORTED:
+                raise from_service_error(e, RENAMES) from None
+            aborted = True
+    texts = await gw.in_tokenizer_thread(lambda: [gw.decode(i.result.token_ids) for i in items])
+    rid = req.request_id or uuid.uuid4().hex
+    n = req.n or 1
+    out: list = [None] * (len(checked.prompt_token_ids) * n)
+    for item, text in zip(items, texts):
+        out[item.prompt_index * n + item.sample_index] = _sample(
+            item, text, len(checked.prompt_token_ids[item.prompt_index]), rid, return_logprob)
+    if aborted:
+        for i, v in enumerate(out):
+            if v is None:
+                out[i] = _aborted(rid, len(checked.prompt_token_ids[i // n]), return_logprob, gw.pool.policy_version)
+    body = out if batched or n > 1 else out[0]
+    return JSONResponse(body, headers=rollout_headers(items))
+
+
+@router.post("/generate")
+@_errors
+async def generate(request: Request):
+    """`text` or `input_ids` (one prompt or a batch), `sampling_params`, `return_logprob`."""
+    gw = gateway(request)
+    req, batched, return_logprob, _ = parse_generate(json_body(await request.body()))
+    return await until_disconnect(request, _run(gw, req, batched, return_logprob))
+
+
+@router.get("/health_generate")
+@_errors
+async def health_generate(request: Request):
+    """SGLang's deep health check: one greedy token through the pool."""
+    gw = gateway(request)
+    if not gw.pool.ready:
+        return Response(status_code=503)
+    req = pb.GenerateRequest(prompts=[pb.Prompt(token_ids=[0])], sampling=pb.SamplingParams(temperature=0,
+                                                                                            max_tokens=1))
+    async with gw.generate(req) as (_, samples):
+        async for _ in samples:
+            pass
+    return Response(status_code=200)
+
+
+@router.get("/get_model_info")
+def model_info(request: Request) -> dict:
+    gw = gateway(request)
+    return {"model_path": gw.model.path, "tokenizer_path": gw.model.path, "is_generation": True,
+            "weight_version": str(gw.pool.policy_version)}
+
+
+@router.get("/get_weight_version")
+def weight_version(request: Request) -> dict:
+    return {"weight_version": str(gateway(request).pool.policy_version)}
+
+
+@router.post("/update_weights_from_disk")
+@_errors
+async def update_weights_from_disk(request: Request):
+    """{"model_path", "weight_version"?, "abort_all_requests"?} -> LoadWeights' validated, all-or-nothing
+    commit. Without a weight_version, the next integer. abort_all_requests: in-flight samples end with
+    finish_reason abort; otherwise they finish first."""
+    body = json_body(await request.body())
+    f = Fields(body)
+    path = body.get("model_path")
+    if not isinstance(path, str) or not path:
+        raise DialectError(400, "model_path: required, a safetensors file or directory below the server's "
+                                "--weights-root", "model_path")
+    f.unsupported("load_format", None, "only safetensors files are loaded")
+    version = body.get("weight_version")
+    if version is not None:
+        if not (isinstance(version, int) or (isinstance(version, str) and version.strip().isdigit())):
+            raise DialectError(400, f"weight_version: must be an integer (or a string of digits), got {version!r:.40}",
+                               "weight_version")
+        version = int(version)
+    mode = "abort" if f.bool("abort_all_requests") else "wait"
+    gw = gateway(request)
+    try:
+        out = await gw.load_policy(path, version, mode, "update_weights_from_disk")
+    except DialectError as e:
+        return JSONResponse({"success": False, "message": e.message}, status_code=e.status)
+    return {"success": True, "message": f"Succeeded to update model weights (policy version {out['version']}).",
+            "num_paused_requests": 0, "weight_version": str(out["version"]), "rollout": out}
+
+
+@router.post("/pause_generation")
+@_errors
+async def pause_generation(request: Request):
+    mode = json_body(await request.body()).get("mode", "abort")
+    if mode not in PAUSE_MODES:
+        raise DialectError(400, f"mode: must be one of {', '.join(PAUSE_MODES)}, got {mode!r:.40}", "mode")
+    await gateway(request).pause(PAUSE_MODES[mode])
+    return {"status": "paused"}
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request):
+    await gateway(request).resume()
+    return {"status": "resumed"}
+
+
+@router.post("/abort_request")
+@_errors
+async def abort_request(request: Request):
+    body = json_body(await request.body())
+    f = Fields(body)
+    rid = body.get("rid")
+    if not f.bool("abort_all") and not isinstance(rid, str):
+        raise DialectError(400, "rid: the request id to abort (or \"abort_all\": true)", "rid")
+    return {"aborted": gateway(request).abort(None if f.bool("abort_all") else [rid])}
+
+
+@router.post("/flush_cache")
+@_errors
+async def flush_cache(request: Request):
+    if not await gateway(request).reset_prefix_cache():
+        raise DialectError(409, "the cache could not be flushed on every engine (requests running?)")
+    return Response("Cache flushed.", status_code=200)
+
+
+def _answer_501(path: str):
+    async def not_served():
+        return error_response(_no_collectives(path))
+    return not_served
+
+
+for _path in ("/init_weights_update_group", "/update_weights_from_distributed", "/update_weights_from_tensor",
+              "/update_weights_from_ipc", "/destroy_weights_update_group"):
+    router.add_api_route(_path, _answer_501(_path), methods=["POST"])

@@ -1,0 +1,470 @@
+"""vLLM's HTTP dialect (OpenAI completions and chat, tokens in/out generate, RL control endpoints), as a
+thin translator onto the pool: what TRL's AsyncGRPO, prime-rl, SkyRL, verifiers and the `openai` package call.
+
+Every answer carries the policy version(s) and drafter statistics: per choice in `rollout` (and vLLM's own
+`weight_versions` spans), per response in `x-rollout-*` headers. Samples come whole (the pool streams a
+sample when it finishes), so a stream sends one chunk per finished choice.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from rollout_service.api import pb
+from rollout_service.errors import ServiceError
+from rollout_service.server.compat.gateway import (
+    DialectError,
+    Fields,
+    Gateway,
+    error_response,
+    from_service_error,
+    json_body,
+    rollout_fields,
+    rollout_headers,
+    sampling_params,
+    token_prompt,
+    until_disconnect,
+)
+
+router = APIRouter()
+RENAMES = (("sampling.max_tokens", "max_tokens"), ("sampling.", ""), ("prompts[", "prompt["))
+CHAT_RENAMES = (("sampling.max_tokens", "max_tokens"), ("sampling.", ""), ("prompts[0]", "messages"))
+MODES = ("abort", "wait", "keep")
+
+
+@dataclass
+class Options:
+    """How to write the answer (the request's non-sampling fields)."""
+    kind: str                      # "completion" | "chat" | "generate"
+    n: int
+    logprobs: bool
+    token_ids: bool                # return_token_ids
+    tokens_as_ids: bool            # return_tokens_as_token_ids
+    stream: bool
+    usage_in_stream: bool
+    text: bool = True
+
+
+def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def _errors(handler):
+    """DialectError -> OpenAI error JSON (400 naming the field, 429, 503, ...)."""
+    import functools
+
+    @functools.wraps(handler)
+    async def wrapped(request: Request):
+        try:
+            return await handler(request)
+        except DialectError as e:
+            return error_response(e)
+    return wrapped
+
+
+# ---- parsing ----------------------------------------------------------------------------------------
+def _common(f: Fields, kind: str, max_tokens_key: str = "max_tokens") -> tuple[pb.GenerateRequest, Options]:
+    f.unsupported("echo", False, "echoing the prompt is not supported; the prompt's ids come with "
+                                 "return_token_ids")
+    f.unsupported("best_of", 1, "best_of is not supported; ask for n samples and rank them yourself")
+    f.unsupported("use_beam_search", False, "beam search is not supported (it does not sample the policy)")
+    f.unsupported("min_tokens", 0, "min_tokens is not supported (it changes the sampled distribution)")
+    f.unsupported("prompt_logprobs", None, "prompt log-probs are not served; compute them in the trainer")
+    req = pb.GenerateRequest(sampling=sampling_params(f, max_tokens_key))
+    n = f.int("n", 1)
+    req.n = max(min(n, 2**31 - 1), -(2**31))
+    rid = f.get("request_id", "")
+    if not isinstance(rid, str):
+        raise DialectError(400, "request_id: must be a string", "request_id")
+    req.request_id = rid
+    mpv = f.int("min_policy_version", 0)
+    if mpv < 0:
+        raise DialectError(400, f"min_policy_version: must be >= 0, got {mpv}", "min_policy_version")
+    req.min_policy_version = min(mpv, 2**63 - 1)
+    stream_options = f.get("stream_options", {}) or {}
+    if kind == "chat":
+        lp = f.bool("logprobs")
+        top = f.int("top_logprobs", 0)
+        if top > 1:
+            raise DialectError(400, f"top_logprobs: only the sampled token's log-prob is served (0 or 1), got {top}",
+                               "top_logprobs")
+    elif kind == "generate":
+        lp_n = f.int("logprobs")
+        lp = lp_n is not None
+    else:
+        lp_n = f.int("logprobs")
+        if lp_n is not None and lp_n > 1:
+            raise DialectError(400, f"logprobs: only the sampled token's log-prob is served (logprobs 0 or 1), "
+                               f"got {lp_n}", "logprobs")
+        lp = lp_n is not None
+    opts = Options(kind, n, lp, f.bool("return_token_ids"), f.bool("return_tokens_as_token_ids"),
+                   f.bool("stream"), bool(isinstance(stream_options, dict) and stream_options.get("include_usage")))
+    return req, opts
+
+
+def parse_completion(body: dict) -> tuple[pb.GenerateRequest, Options]:
+    f = Fields(body)
+    req, opts = _common(f, "completion")
+    if "max_tokens" not in body or body["max_tokens"] is None:
+        req.sampling.max_tokens = 16                  # vLLM's and OpenAI's default for completions
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [pb.Prompt(text=prompt)]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        prompts = [token_prompt(prompt, "prompt")]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        prompts = [pb.Prompt(text=p) if isinstance(p, str) else token_prompt(p, f"prompt[{i}]")
+                   for i, p in enumerate(prompt)]
+    else:
+        raise DialectError(400, "prompt: must be a string, a list of token ids, or a list of either", "prompt")
+    req.prompts.extend(prompts)
+    req.return_text = False                           # decoded here, off the engine's event loop
+    return req, opts
+
+
+def parse_generate(body: dict) -> tuple[pb.GenerateRequest, Options]:
+    """/inference/v1/generate: token ids in, `sampling_params` as vLLM's SamplingParams."""
+    sp = body.get("sampling_params")
+    if not isinstance(sp, dict):
+        raise DialectError(400, "sampling_params: must be an object (vLLM's SamplingParams)", "sampling_params")
+    ids = body.get("token_ids")
+    if not isinstance(ids, list) or not ids:
+        raise DialectError(400, "token_ids: must be a non-empty list of token ids", "token_ids")
+    outer = Fields(body)
+    req, opts = _common(Fields(sp, "sampling_params."), "generate")
+    req.request_id = "" if body.get("request_id") is None else str(body["request_id"])
+    req.prompts.append(token_prompt(ids, "token_ids"))
+    opts.token_ids, opts.stream = outer.bool("return_token_ids"), outer.bool("stream")
+    opts.text = body.get("output_mode", "tokens") == "text"
+    return req, opts
+
+
+# ---- answers ----------------------------------------------------------------------------------------
+def _stop_reason(r, stop_ids: set[int]):
+    if r.finish_reason != "stop":
+        return None
+    if r.stop_string:
+        return r.stop_string
+    return r.token_ids[-1] if r.token_ids and r.token_ids[-1] in stop_ids else None
+
+
+def _weight_versions(r) -> list[dict]:
+    spans = list(r.version_spans) or [(r.policy_version, 0)]
+    ends = [t for _, t in spans[1:]] + [len(r.token_ids)]
+    return [{"version": str(v), "start": t, "end": e} for (v, t), e in zip(spans, ends)]
+
+
+class Writer:
+    """Finished samples -> the dialect's choices. Decoding runs in the tokenizer thread (never the loop)."""
+
+    def __init__(self, gw: Gateway, opts: Options, checked, req: pb.GenerateRequest):
+        self.gw, self.opts, self.checked = gw, opts, checked
+        self.stop_ids = set(req.sampling.stop_token_ids)
+        self.rid = f"{'chatcmpl' if opts.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = gw.model.path
+
+    def _decode(self, items) -> list[tuple[str, list[str]]]:
+        tok = self.gw.model.tokenizer
+        out = []
+        for item in items:
+            ids = item.result.token_ids
+            text = self.gw.decode(ids) if self.opts.text else ""
+            pieces = []
+            if self.opts.logprobs and not self.opts.tokens_as_ids:
+                pieces = tok.batch_decode([[t] for t in ids])
+            out.append((text, pieces))
+        return out
+
+    async def choices(self, items) -> list[dict]:
+        decoded = await self.gw.in_tokenizer_thread(self._decode, items)
+        return [self.choice(item, text, pieces) for item, (text, pieces) in zip(items, decoded)]
+
+    def index(self, item) -> int:
+        return item.prompt_index * self.opts.n + item.sample_index
+
+    def choice(self, item, text: str, pieces: list[str]) -> dict:
+        r, o = item.result, self.opts
+        names = [f"token_id:{t}" for t in r.token_ids] if o.tokens_as_ids or not pieces else pieces
+        c: dict = {"index": self.index(item), "finish_reason": r.finish_reason,
+                   "stop_reason": _stop_reason(r, self.stop_ids)}
+        if o.kind == "chat":
+            c["message"] = {"role": "assistant", "content": text}
+            c["logprobs"] = {"content": [{"token": name, "logprob": lp, "bytes": list(name.encode()),
+                                          "top_logprobs": [{"token": name, "logprob": lp,
+                                                            "bytes": list(name.encode())}]}
+                                         for name, lp in zip(names, r.logprobs)]} if o.logprobs else None
+            c["token_ids"] = r.token_ids if o.token_ids else None
+        elif o.kind == "generate":
+            c["token_ids"] = r.token_ids
+            if o.text:
+                c["text"] = text
+            c["logprobs"] = {"content": [{"token_id": t, "logprob": lp, "top_logprobs": []}
+                                         for t, lp in zip(r.token_ids, r.logprobs)]} if o.logprobs else None
+        else:
+            c["text"] = text
+            if o.logprobs:
+                offsets, at = [], 0
+                for name in names:
+                    offsets.append(at)
+                    at += len(name)
+                c["logprobs"] = {"tokens": names, "token_logprobs": r.logprobs,
+                                 "top_logprobs": [{name: lp} for name, lp in zip(names, r.logprobs)],
+                                 "text_offset": offsets}
+            else:
+                c["logprobs"] = None
+            if o.token_ids:
+                c["token_ids"] = r.token_ids
+                c["prompt_token_ids"] = self.checked.prompt_token_ids[item.prompt_index]
+        c["weight_versions"] = _weight_versions(r)
+        c["rollout"] = rollout_fields(r)
+        return c
+
+    def aborted_choice(self, p: int, s: int) -> dict:
+        """A sample cut off by an abort (a weight push in abort mode, /pause?mode=abort, /abort_requests)."""
+        c = {"index": p * self.opts.n + s, "finish_reason": "abort", "stop_reason": None, "token_ids": [],
+             "logprobs": None}
+        if self.opts.kind == "chat":
+            c["message"] = {"role": "assistant", "content": ""}
+        else:
+            c["text"] = ""
+        return c
+
+    def usage(self, items) -> dict:
+        prompt = sum(len(ids) for ids in self.checked.prompt_token_ids) * self.opts.n
+        completion = sum(len(i.result.token_ids) for i in items)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def envelope(self, choices: list[dict], items, chunk: bool = False) -> dict:
+        obj = {"completion": "text_completion", "chat": "chat.completion", "generate": "generate"}[self.opts.kind]
+        if chunk and self.opts.kind == "chat":
+            obj = "chat.completion.chunk"
+        body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if not chunk:
+            body["usage"] = self.usage(items)
+        if self.opts.kind != "completion" and self.opts.token_ids:
+            body["prompt_token_ids"] = self.checked.prompt_token_ids[0]
+        return body
+
+
+async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, renames) -> Response:
+    async with gw.generate(req, renames) as (checked, samples):
+        items, error = [], None
+        try:
+            async for item in samples:
+                items.append(item)
+        except ServiceError as e:
+            if e.code != grpc.StatusCode.ABORTED:
+                raise from_service_error(e, renames) from None
+            error = e
+        w = Writer(gw, opts, checked, req)
+        choices = await w.choices(items)
+        if error is not None:                        # vLLM answers aborted samples with finish_reason "abort"
+            done = {(i.prompt_index, i.sample_index) for i in items}
+            choices += [w.aborted_choice(p, s) for p in range(len(checked.prompt_token_ids))
+                        for s in range(opts.n) if (p, s) not in done]
+        choices.sort(key=lambda c: c["index"])
+        return JSONResponse(w.envelope(choices, items), headers=rollout_headers(items))
+
+
+async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, renames) -> Response:
+    """Server-sent events: admission errors are HTTP statuses; each finished sample is one chunk, then the
+    usage chunk (stream_options.include_usage) and [DONE]."""
+    cm = gw.generate(req, renames)
+    checked, samples = await cm.__aenter__()          # a refusal here raises DialectError: a plain HTTP error
+    w = Writer(gw, opts, checked, req)
+
+    async def events():
+        items = []
+        try:
+            try:
+                async for item in samples:
+                    items.append(item)
+                    choices = await w.choices([item])
+                    if opts.kind == "chat":
+                        c = choices[0]
+                        c["delta"] = c.pop("message")
+                    yield f"data: {json.dumps(w.envelope(choices, [item], chunk=True))}\n\n"
+            except ServiceError as e:
+                err = from_service_error(e, renames)
+                yield f"data: {json.dumps({'error': {'message': err.message, 'code': err.status}})}\n\n"
+            if opts.usage_in_stream:
+                usage = w.envelope([], items, chunk=True) | {"usage": w.usage(items)}
+                yield f"data: {json.dumps(usage)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=gw.serving_headers())
+
+
+async def _serve(request: Request, parse, renames) -> Response:
+    gw = gateway(request)
+    req, opts = parse(json_body(await request.body()))
+    if opts.stream:
+        return await _stream(gw, req, opts, renames)
+    return await until_disconnect(request, _collect(gw, req, opts, renames))
+
+
+@router.post("/v1/completions")
+@_errors
+async def completions(request: Request):
+    """OpenAI completions: a text or token-id prompt (or a batch), n samples each, logprobs of the sampled
+    token, return_token_ids, return_tokens_as_token_ids, stream."""
+    return await _serve(request, parse_completion, RENAMES)
+
+
+@router.post("/v1/chat/completions")
+@_errors
+async def chat_completions(request: Request):
+    """OpenAI chat: `messages` through the model's chat template (in the tokenizer thread)."""
+    gw = gateway(request)
+    body = json_body(await request.body())
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise DialectError(400, "messages: must be a non-empty list of {role, content} objects with text content",
+                           "messages")
+    f = Fields(body)
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is not None:
+        body["max_tokens"] = body["max_completion_tokens"]
+    req, opts = _common(f, "chat")
+    extra = body.get("chat_template_kwargs") or {}
+
+    def template():
+        ids = gw.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    try:
+        ids = await gw.in_tokenizer_thread(template)
+    except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
+        raise DialectError(400, f"messages: the chat template cannot render them ({e})", "messages") from None
+    if body.get("max_tokens") is None:               # vLLM: up to the context length
+        room = gw.model.max_model_len - len(ids)
+        limit = gw.servicer.limits.max_new_tokens
+        req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
+    req.prompts.append(pb.Prompt(token_ids=ids))
+    if opts.stream:
+        return await _stream(gw, req, opts, CHAT_RENAMES)
+    return await until_disconnect(request, _collect(gw, req, opts, CHAT_RENAMES))
+
+
+@router.post("/inference/v1/generate")
+@_errors
+async def generate_tokens(request: Request):
+    """vLLM's tokens-in, tokens-out endpoint: `token_ids` and `sampling_params`."""
+    return await _serve(request, parse_generate, (("sampling.", "sampling_params."), ("prompts[0]", "token_ids")))
+
+
+@router.get("/v1/models")
+def models(request: Request) -> dict:
+    gw = gateway(request)
+    return {"object": "list", "data": [{
+        "id": gw.model.path, "object": "model", "created": 0, "owned_by": "rollout-service", "root": gw.model.path,
+        "parent": None, "max_model_len": gw.model.max_model_len,
+        "rollout": {"policy_version": gw.pool.policy_version, "draft_version": gw.pool.draft_version}}]}
+
+
+@router.get("/health")
+def health(request: Request) -> Response:
+    """vLLM's health check: 200 while every engine is ready, 503 otherwise."""
+    ready = gateway(request).pool.ready
+    return Response(status_code=200 if ready else 503)
+
+
+@router.get("/get_world_size")
+def world_size(request: Request) -> dict:
+    return {"world_size": len(gateway(request).pool.engines)}
+
+
+@router.get("/weight_info")
+def weight_info(request: Request) -> dict:
+    return {"weight_version": str(gateway(request).pool.policy_version)}
+
+
+# ---- control (admin token) -------------------------------------------------------------------------------
+@router.post("/pause")
+@_errors
+async def pause(request: Request):
+    """Pause generation: mode=abort (in-flight samples end with finish_reason "abort"), wait (finish them),
+    keep (freeze them; they continue on /resume under whatever weights are loaded by then)."""
+    mode = request.query_params.get("mode", "abort")
+    if mode not in MODES:
+        raise DialectError(400, f"mode: must be one of {', '.join(MODES)}, got {mode!r}", "mode")
+    await gateway(request).pause(mode)
+    return {"status": "paused"}
+
+
+@router.post("/resume")
+async def resume(request: Request):
+    await gateway(request).resume()
+    return {"status": "resumed"}
+
+
+@router.get("/is_paused")
+def is_paused(request: Request) -> dict:
+    return {"is_paused": gateway(request).paused}
+
+
+@router.post("/abort_requests")
+@_errors
+async def abort_requests(request: Request):
+    ids = json_body(await request.body()).get("request_ids") or None
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise DialectError(400, "request_ids: must be a list of request ids", "request_ids")
+    return {"status": "aborted", "aborted": gateway(request).abort(ids)}
+
+
+@router.post("/reset_prefix_cache")
+@_errors
+async def reset_prefix_cache(request: Request):
+    if not await gateway(request).reset_prefix_cache():
+        raise DialectError(409, "the prefix cache could not be reset on every engine (requests running?)")
+    return {"status": "ok"}
+
+
+@router.post("/update_weights")
+@_errors
+async def update_weights(request: Request):
+    """prime-rl's filesystem mode: {"weight_dir": path} -> LoadWeights' validated, all-or-nothing commit, as
+    the next policy version (or "version"). vLLM's NCCL form ({"update_info": ...}) answers 501."""
+    body = json_body(await request.body())
+    if "weight_dir" not in body:
+        if "update_info" in body:
+            raise _no_collectives("/update_weights with update_info")
+        raise DialectError(400, "weight_dir: required (a safetensors file or directory below the server's "
+                                "--weights-root)", "weight_dir")
+    f = Fields(body)
+    path = f.get("weight_dir")
+    if not isinstance(path, str) or not path:
+        raise DialectError(400, "weight_dir: must be a path", "weight_dir")
+    mode = f.get("mode", "wait")
+    if mode not in MODES:
+        raise DialectError(400, f"mode: must be one of {', '.join(MODES)}, got {mode!r}", "mode")
+    out = await gateway(request).load_policy(path, f.int("version"), mode, "update_weights")
+    return {"status": "ok"} | out
+
+
+def _no_collectives(what: str) -> DialectError:
+    return DialectError(501, f"{what}: NCCL / CUDA-IPC weight transfer is not served yet (no GPU node to test it "
+                             "on); write the weights as safetensors below the server's --weights-root and POST "
+                             "/update_weights {\"weight_dir\": path} (or SGLang's /update_weights_from_disk, or "
+                             "gRPC LoadWeights / PushWeights)")
+
+
+def _answer_501(path: str):
+    async def not_served():
+        return error_response(_no_collectives(path))
+    return not_served
+
+
+for _path in ("/init_weight_transfer_engine", "/start_weight_update", "/finish_weight_update",
+              "/start_draft_weight_update", "/shutdown_weight_transfer_engine"):
+    router.add_api_route(_path, _answer_501(_path), methods=["POST"])

@@ -1,0 +1,255 @@
+"""The vLLM and SGLang HTTP dialects' bookkeeping on FakeEngine (no vLLM): translation, errors naming the
+dialect's fields, the shared queue, weight loads through the commit, pause, auth. Real engines and the real
+`openai` client: tests/integration/test_http_dialects.py."""
+import asyncio
+import json
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rollout_service.engine.base import EngineState
+from rollout_service.engine.fake import FakeEngine
+from rollout_service.model_info import ModelInfo
+from rollout_service.pool.pool import EnginePool
+from rollout_service.server.auth import Credentials
+from rollout_service.server.grpc_service import RolloutServicer
+from rollout_service.server.http_app import build_http_app
+from rollout_service.validation import Limits
+from rollout_service.weights.service import WeightService
+
+ORIGINAL = {"a.weight": torch.zeros(4, 3)}
+TOKEN, ADMIN = "client-token-0123456789", "admin-token-0123456789"
+
+
+class Tokenizer:
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [len(w) for w in text.split()]}
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, **kw):
+        return [1] + [len(w) for m in messages for w in m["content"].split()] + [2]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{t}" for t in ids)
+
+    def batch_decode(self, seqs):
+        return [self.decode(s) for s in seqs]
+
+
+@pytest.fixture
+def make(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_file(ORIGINAL, str(ckpt / "model.safetensors"))
+    (ckpt / "config.json").write_text("{}")
+    save_file({"a.weight": torch.ones(4, 3)}, str(tmp_path / "new.safetensors"))
+    save_file({"a.weight": torch.ones(3, 4)}, str(tmp_path / "bad.safetensors"))
+
+    async def build(creds=None, max_queue=10, engines=1):
+        pool = EnginePool([FakeEngine(f"e{i}", vocab_size=100) for i in range(engines)], max_queue=max_queue)
+        await pool.start()
+        weights = WeightService.create(pool, str(ckpt), "float32", weights_roots=[str(tmp_path)])
+        model = ModelInfo(path="tiny", vocab_size=100, max_model_len=256, tokenizer=Tokenizer())
+        servicer = RolloutServicer(pool, model, Limits(4, 8), weights)
+        app = build_http_app(servicer, creds)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        return pool, weights, client
+    return build
+
+
+def test_completions_token_ids_n_logprobs(make):
+    async def main():
+        pool, _, c = await make()
+        r = await c.post("/v1/completions", json={
+            "model": "anything", "prompt": [[5, 6], [7]], "n": 3, "max_tokens": 4, "logprobs": 0,
+            "return_token_ids": True, "return_tokens_as_token_ids": True, "seed": 1})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [ch["index"] for ch in body["choices"]] == list(range(6))
+        ch = body["choices"][4]                          # prompt 1, sample 1
+        assert ch["prompt_token_ids"] == [7] and len(ch["token_ids"]) == 4
+        assert ch["logprobs"]["tokens"] == [f"token_id:{t}" for t in ch["token_ids"]]
+        assert len(ch["logprobs"]["token_logprobs"]) == 4 and ch["finish_reason"] == "length"
+        assert ch["text"] == " ".join(f"w{t}" for t in ch["token_ids"])
+        assert ch["rollout"]["policy_version"] == 0 and ch["weight_versions"] == [{"version": "0", "start": 0,
+                                                                                   "end": 4}]
+        assert r.headers["x-rollout-policy-versions"] == "0"
+        assert body["usage"]["completion_tokens"] == 24 and body["usage"]["prompt_tokens"] == 9
+        assert pool.depth == 0
+        # the defaults of vLLM: max_tokens 16, no logprobs
+        d = (await c.post("/v1/completions", json={"model": "m", "prompt": "a bb"})).json()["choices"][0]
+        assert len(d["token_ids"] if "token_ids" in d else d["text"].split()) == 16 and d["logprobs"] is None
+    asyncio.run(main())
+
+
+def test_errors_name_the_dialects_fields_and_change_nothing(make):
+    async def main():
+        pool, _, c = await make()
+        cases = [({"prompt": [1], "temperature": 5.0}, "temperature"),
+                 ({"prompt": [1], "max_tokens": 0}, "max_tokens"),
+                 ({"prompt": [1, 1000]}, "prompt[0].token_ids"),
+                 ({"prompt": {"x": 1}}, "prompt"),
+                 ({"prompt": [1], "logprobs": 5}, "logprobs"),
+                 ({"prompt": [1], "n": "2"}, "n"),
+                 ({"prompt": [1], "frequency_penalty": 0.5}, "frequency_penalty")]
+        for body, field in cases:
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 400, (body, r.text)
+            msg = r.json()["error"]["message"]
+            assert msg.startswith(field) and "sampling." not in msg, msg
+        r = await c.post("/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 0}})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("sampling_params.max_new_tokens")
+        r = await c.post("/v1/completions", content=b"{not json")
+        assert r.status_code == 400
+        # the one admission queue: 2 prompts x 8 samples exceed max_queue 10 -> 429, as gRPC's RESOURCE_EXHAUSTED
+        r = await c.post("/v1/completions", json={"prompt": [[1], [2]], "n": 8})
+        assert r.status_code == 429 and "max_queue is 10" in r.json()["error"]["message"]
+        r = await c.post("/v1/completions", json={"prompt": [1], "min_policy_version": 3})
+        assert r.status_code == 409 and "min_policy_version=3" in r.json()["error"]["message"]
+        assert pool.depth == 0 and not pool.live
+        for e in pool.engines:                  # no engine ready -> 503, /health too
+            e.state = EngineState.STARTING
+        assert (await c.post("/v1/completions", json={"prompt": [1]})).status_code == 503
+        assert (await c.get("/health")).status_code == 503
+    asyncio.run(main())
+
+
+def test_stream_sends_one_chunk_per_sample_then_usage_and_done(make):
+    async def main():
+        _, _, c = await make()
+        r = await c.post("/v1/completions", json={"prompt": [3, 4], "n": 3, "max_tokens": 5, "stream": True,
+                                                  "stream_options": {"include_usage": True}})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-rollout-policy-version"] == "0"
+        events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert sorted(ch["choices"][0]["index"] for ch in chunks[:3]) == [0, 1, 2]
+        assert all(ch["choices"][0]["finish_reason"] == "length" for ch in chunks[:3])
+        assert chunks[3]["usage"]["completion_tokens"] == 15
+    asyncio.run(main())
+
+
+def test_chat_and_tokens_endpoint(make):
+    async def main():
+        _, _, c = await make()
+        r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi there"}],
+                                                       "max_tokens": 3, "logprobs": True, "return_token_ids": True})
+        body = r.json()
+        assert r.status_code == 200 and body["prompt_token_ids"] == [1, 2, 5, 2]
+        ch = body["choices"][0]
+        assert len(ch["token_ids"]) == 3 and len(ch["logprobs"]["content"]) == 3
+        assert ch["message"]["role"] == "assistant"
+        r = await c.post("/inference/v1/generate", json={"token_ids": [4, 5], "sampling_params": {
+            "max_tokens": 2, "n": 2, "logprobs": 0}})
+        body = r.json()
+        assert r.status_code == 200 and len(body["choices"]) == 2
+        assert [x["token_id"] for x in body["choices"][1]["logprobs"]["content"]] == body["choices"][1]["token_ids"]
+        r = await c.post("/inference/v1/generate", json={"token_ids": [4], "sampling_params": {"top_p": 0}})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("sampling_params.top_p")
+    asyncio.run(main())
+
+
+def test_sglang_generate_single_and_batch(make):
+    async def main():
+        _, _, c = await make()
+        r = await c.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3},
+                                            "return_logprob": True})
+        one = r.json()
+        assert r.status_code == 200 and len(one["output_ids"]) == 3
+        assert [t for _, t, _ in one["meta_info"]["output_token_logprobs"]] == one["output_ids"]
+        assert one["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+        assert one["meta_info"]["weight_version"] == "0" and one["meta_info"]["prompt_tokens"] == 2
+        r = await c.post("/generate", json={"text": ["a b", "c"], "sampling_params": {"max_new_tokens": 2, "n": 2}})
+        many = r.json()
+        assert len(many) == 4 and many[2]["meta_info"]["prompt_tokens"] == 1
+        assert "output_token_logprobs" not in many[0]["meta_info"]
+        r = await c.post("/generate", json={"input_ids": [1], "text": "a"})
+        assert r.status_code == 400
+    asyncio.run(main())
+
+
+def test_weight_updates_by_path_commit_or_change_nothing(make, tmp_path):
+    async def main():
+        pool, weights, c = await make()
+        r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "bad.safetensors")})
+        assert r.status_code == 400 and r.json()["success"] is False and "shape" in r.json()["message"]
+        r = await c.post("/update_weights_from_disk", json={"model_path": "/etc"})  # outside the roots: PERMISSION_DENIED
+        assert r.status_code == 403 and "weights-root" in r.json()["message"]
+        assert pool.policy_version == 0 and weights.committer.versions["policy"] == 0
+        r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "new.safetensors")})
+        assert r.status_code == 200 and r.json()["weight_version"] == "1", r.text
+        assert pool.policy_version == 1 and pool.engines[0].weights["a.weight"].sum() == 12
+        assert (await c.get("/get_weight_version")).json() == {"weight_version": "1"}
+        # prime-rl's filesystem update: the next integer; an explicit older version is refused
+        r = await c.post("/update_weights", json={"weight_dir": str(tmp_path / "new.safetensors")})
+        assert r.status_code == 200 and r.json()["version"] == 2
+        r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "new.safetensors"),
+                                                            "weight_version": "2"})
+        assert r.status_code == 409 and "not newer" in r.json()["message"]
+        r = await c.post("/update_weights", json={"update_info": {}})
+        assert r.status_code == 501 and "/update_weights" in r.json()["error"]["message"]
+        assert (await c.post("/update_weights_from_distributed", json={})).status_code == 501
+        gen = (await c.post("/generate", json={"input_ids": [1]})).json()
+        assert gen["meta_info"]["weight_version"] == "2"
+    asyncio.run(main())
+
+
+def test_pause_keep_then_update_then_resume(make, tmp_path):
+    """prime-rl's sequence: /pause?mode=keep, /update_weights, /resume. The commit leaves engines paused."""
+    async def main():
+        pool, _, c = await make()
+        e = pool.engines[0]
+        assert (await c.post("/pause", params={"mode": "keep"})).status_code == 200
+        assert (await c.get("/is_paused")).json() == {"is_paused": True}
+        r = await c.post("/update_weights", json={"weight_dir": str(tmp_path / "new.safetensors")})
+        assert r.status_code == 200
+        assert e.state is EngineState.PAUSED and e.events[-1] != ("resume",)
+        assert (await c.post("/resume")).status_code == 200
+        assert e.state is EngineState.READY and (await c.get("/is_paused")).json() == {"is_paused": False}
+        assert [ev for ev in e.events if ev[0] in ("pause", "resume")] == [("pause", "keep"), ("resume",)]
+        assert (await c.post("/pause", params={"mode": "later"})).status_code == 400
+        assert (await c.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+        assert e.events[-1] == ("pause", "keep")
+        await c.post("/continue_generation")
+        assert e.state is EngineState.READY
+    asyncio.run(main())
+
+
+def test_abort_ends_samples_with_finish_reason_abort(make):
+    async def main():
+        pool, _, c = await make()
+        pool.engines[0].step_s = 0.05
+        task = asyncio.create_task(c.post("/v1/completions", json={"prompt": [1], "n": 2, "max_tokens": 100}))
+        while not pool.live:
+            await asyncio.sleep(0.01)
+        assert (await c.post("/abort_requests", json={})).json()["aborted"] == 1
+        body = (await task).json()
+        assert [ch["finish_reason"] for ch in body["choices"]] == ["abort", "abort"]
+        assert pool.depth == 0
+    asyncio.run(main())
+
+
+def test_auth_same_tokens_admin_for_control(make, tmp_path):
+    async def main():
+        _, _, c = await make(creds=Credentials(TOKEN, ADMIN))
+        user, admin = {"Authorization": f"Bearer {TOKEN}"}, {"Authorization": f"Bearer {ADMIN}"}
+        assert (await c.get("/health")).status_code == 200                     # probes need no secret
+        assert (await c.post("/v1/completions", json={"prompt": [1]})).status_code == 401
+        assert (await c.post("/v1/completions", json={"prompt": [1], "max_tokens": 1}, headers=user)).status_code == 200
+        body = {"model_path": str(tmp_path / "new.safetensors")}
+        r = await c.post("/update_weights_from_disk", json=body, headers=user)
+        assert r.status_code == 403 and "admin token" in r.json()["error"]["message"]
+        assert (await c.post("/pause", headers=user)).status_code == 403
+        assert (await c.post("/update_weights_from_disk", json=body, headers=admin)).status_code == 200
+    asyncio.run(main())
+
+
+def test_models_lists_the_served_model(make):
+    async def main():
+        _, _, c = await make()
+        data = (await c.get("/v1/models")).json()["data"][0]
+        assert data["id"] == "tiny" and data["max_model_len"] == 256
+        assert (await c.get("/health")).status_code == 200
+    asyncio.run(main())
