@@ -285,7 +285,9 @@ def main(argv=None) -> int:
     from rollout_client import RolloutClient
 
     from rollout_service.launcher import ServiceProcess
-    from rollout_service.models import build_tiny_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the repository: tests/tiny_models.py
+    from tests.tiny_models import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="fuzz-"))
     model = Path(args.model) if args.model else build_tiny_model(work / "tiny")

@@ -23,7 +23,7 @@ def build_initial_drafter(policy_dir: str, out: Path, layers: int = 2) -> Path:
     seconds to build, weak until it is distilled (offline with `rollout-service prepare-drafter`, or online)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout_service.models import _save_atomically
+    from rollout_service.models import save_atomically
     from rollout_service.drafting.drafters import build_student
 
     if (out / "config.json").exists():
@@ -31,7 +31,7 @@ def build_initial_drafter(policy_dir: str, out: Path, layers: int = 2) -> Path:
     policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     student = build_student(policy, layers)
     student.config.torch_dtype = torch.float32
-    _save_atomically(student, AutoTokenizer.from_pretrained(policy_dir), out)
+    save_atomically(student, AutoTokenizer.from_pretrained(policy_dir), out)
     return out
 
 

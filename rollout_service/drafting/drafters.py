@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from rollout_service.models import _save_atomically, cache_dir
+from rollout_service.models import cache_dir, save_atomically
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int
     student = build_student(target, layers)
     losses = distill(target, student, data, epochs=epochs, lr=lr, batch=batch)
     student.config.torch_dtype = torch.float32
-    _save_atomically(student, tok, out)
+    save_atomically(student, tok, out)
     print(f"drafter saved to {out} in {time.perf_counter() - t0:.0f} s (KL first batch {losses[0]:.3f}, "
           f"last {losses[-1]:.3f})", flush=True)
     return out

@@ -8,7 +8,7 @@ import pytest
 
 from rollout_client import RolloutClient
 from rollout_service.launcher import ServiceProcess
-from rollout_service.models import build_tiny_model
+from tests.tiny_models import build_tiny_model
 
 SERVICE_ARGS = ["--max-queue", "64", "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32",
                 "--max-num-seqs", "32"]

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
 from rollout_service.launcher import LocalRayCluster, ServiceProcess
-from rollout_service.models import perturbed_copy
+from tests.tiny_models import perturbed_copy
 from tests.integration.conftest import SERVICE_ARGS, wait_for
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9], [1, 30, 31, 32], [1, 77, 78]]

@@ -8,7 +8,7 @@ import torch
 from rollout_client import RolloutClient
 from rollout_service.config import SpeculationConfig
 from rollout_service.launcher import ServiceProcess
-from rollout_service.models import perturbed_copy
+from tests.tiny_models import perturbed_copy
 from rollout_service.drafting.lossless import check_lossless, sample_plain
 from tests.integration.conftest import SERVICE_ARGS
 

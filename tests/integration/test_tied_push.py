@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from rollout_client import RolloutClient
 from rollout_service.launcher import ServiceProcess
-from rollout_service.models import build_tiny_model
+from tests.tiny_models import build_tiny_model
 from rollout_service.drafting.reference import processed_logprobs
 from tests.integration.conftest import SERVICE_ARGS
 

@@ -7,7 +7,7 @@ from rollout_client.weights import push_stream
 from safetensors.torch import save_file
 
 from rollout_service.api import pb
-from rollout_service.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from rollout_service.pool.pool import EnginePool
 from rollout_service.weights.service import Chunk, Header, Trailer, WeightService
 

@@ -1,6 +1,6 @@
 import asyncio
 
-from rollout_service.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from rollout_service.pool.pool import EnginePool
 from rollout_service.server.convert import status_to_proto
 

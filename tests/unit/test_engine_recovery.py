@@ -5,7 +5,7 @@ import grpc
 import pytest
 import torch
 
-from rollout_service.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from rollout_service.errors import ServiceError
 from rollout_service.pool.supervisor import Supervisor
 from tests.unit.conftest import push

@@ -4,7 +4,7 @@ import asyncio
 import grpc
 import pytest
 
-from rollout_service.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from rollout_service.engine.types import SeqRequest
 from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool

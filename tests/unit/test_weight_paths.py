@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollout_service.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
 from rollout_service.weights import service as service_mod
