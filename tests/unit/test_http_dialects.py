@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from rollout_service.engine.base import EngineState
-from rollout_service.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.server.auth import Credentials
