@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 
 import grpc
@@ -161,6 +162,44 @@ class Gateway:
     async def reset_prefix_cache(self) -> bool:
         done = await asyncio.gather(*(e.reset_prefix_cache() for e in self.pool.engines if e.state.name == "READY"))
         return bool(done) and all(done)
+
+
+def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def answers_errors(handler):
+    """Decorate a handler: a DialectError it raises becomes the error answer (400 naming the field, 429, ...)."""
+    @functools.wraps(handler)
+    async def wrapped(request: Request):
+        try:
+            return await handler(request)
+        except DialectError as e:
+            return error_response(e)
+    return wrapped
+
+
+def no_collectives(what: str) -> DialectError:
+    return DialectError(501, f"{what}: NCCL / CUDA-IPC weight transfer is not served yet (no GPU node to test it "
+                             "on); write the weights as safetensors below the server's --weights-root and POST "
+                             "/update_weights {\"weight_dir\": path} (or SGLang's /update_weights_from_disk, or "
+                             "gRPC LoadWeights / PushWeights)")
+
+
+def add_not_served(router, paths: tuple[str, ...]) -> None:
+    """Register each weight-transfer path that needs NCCL or CUDA IPC: 501 naming the path-based endpoint."""
+    def answer(path: str):
+        async def not_served():
+            return error_response(no_collectives(path))
+        return not_served
+    for path in paths:
+        router.add_api_route(path, answer(path), methods=["POST"])
+
+
+def in_flight_mode(value, modes=("abort", "wait", "keep")) -> str:
+    if value not in modes:
+        raise DialectError(400, f"mode: must be one of {', '.join(modes)}, got {value!r:.40}", "mode")
+    return value
 
 
 async def until_disconnect(request: Request, work):

@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import functools
 import uuid
 
 import grpc
@@ -18,8 +17,11 @@ from rollout_service.server.compat.gateway import (
     DialectError,
     Fields,
     Gateway,
-    error_response,
+    add_not_served,
+    answers_errors,
     from_service_error,
+    gateway,
+    in_flight_mode,
     json_body,
     rollout_fields,
     rollout_headers,
@@ -27,27 +29,12 @@ from rollout_service.server.compat.gateway import (
     token_prompt,
     until_disconnect,
 )
-from rollout_service.server.compat.vllm_api import _no_collectives
 
 router = APIRouter()
 RENAMES = (("sampling.max_tokens", "sampling_params.max_new_tokens"), ("sampling.", "sampling_params."),
            ("prompts[", "input_ids["), ("n: ", "sampling_params.n: "))
 # SGLang's pause modes -> the engines' in-flight modes
 PAUSE_MODES = {"abort": "abort", "in_place": "keep", "retract": "keep"}
-
-
-def gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
-
-
-def _errors(handler):
-    @functools.wraps(handler)
-    async def wrapped(request: Request):
-        try:
-            return await handler(request)
-        except DialectError as e:
-            return error_response(e)
-    return wrapped
 
 
 def parse_generate(body: dict) -> tuple[pb.GenerateRequest, bool, bool, bool]:
@@ -153,7 +140,7 @@ async def _run(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_logpr
 
 
 @router.post("/generate")
-@_errors
+@answers_errors
 async def generate(request: Request):
     """`text` or `input_ids` (one prompt or a batch), `sampling_params`, `return_logprob`."""
     gw = gateway(request)
@@ -162,7 +149,7 @@ async def generate(request: Request):
 
 
 @router.get("/health_generate")
-@_errors
+@answers_errors
 async def health_generate(request: Request):
     """SGLang's deep health check: one greedy token through the pool."""
     gw = gateway(request)
@@ -189,7 +176,7 @@ def weight_version(request: Request) -> dict:
 
 
 @router.post("/update_weights_from_disk")
-@_errors
+@answers_errors
 async def update_weights_from_disk(request: Request):
     """{"model_path", "weight_version"?, "abort_all_requests"?} -> LoadWeights' validated, all-or-nothing
     commit. Without a weight_version, the next integer. abort_all_requests: in-flight samples end with
@@ -218,12 +205,10 @@ async def update_weights_from_disk(request: Request):
 
 
 @router.post("/pause_generation")
-@_errors
+@answers_errors
 async def pause_generation(request: Request):
     mode = json_body(await request.body()).get("mode", "abort")
-    if mode not in PAUSE_MODES:
-        raise DialectError(400, f"mode: must be one of {', '.join(PAUSE_MODES)}, got {mode!r:.40}", "mode")
-    await gateway(request).pause(PAUSE_MODES[mode])
+    await gateway(request).pause(PAUSE_MODES[in_flight_mode(mode, tuple(PAUSE_MODES))])
     return {"status": "paused"}
 
 
@@ -234,7 +219,7 @@ async def continue_generation(request: Request):
 
 
 @router.post("/abort_request")
-@_errors
+@answers_errors
 async def abort_request(request: Request):
     body = json_body(await request.body())
     f = Fields(body)
@@ -245,19 +230,12 @@ async def abort_request(request: Request):
 
 
 @router.post("/flush_cache")
-@_errors
+@answers_errors
 async def flush_cache(request: Request):
     if not await gateway(request).reset_prefix_cache():
         raise DialectError(409, "the cache could not be flushed on every engine (requests running?)")
     return Response("Cache flushed.", status_code=200)
 
 
-def _answer_501(path: str):
-    async def not_served():
-        return error_response(_no_collectives(path))
-    return not_served
-
-
-for _path in ("/init_weights_update_group", "/update_weights_from_distributed", "/update_weights_from_tensor",
-              "/update_weights_from_ipc", "/destroy_weights_update_group"):
-    router.add_api_route(_path, _answer_501(_path), methods=["POST"])
+add_not_served(router, ("/init_weights_update_group", "/update_weights_from_distributed", "/update_weights_from_tensor",
+                        "/update_weights_from_ipc", "/destroy_weights_update_group"))

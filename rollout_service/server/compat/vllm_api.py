@@ -22,9 +22,13 @@ from rollout_service.server.compat.gateway import (
     DialectError,
     Fields,
     Gateway,
-    error_response,
+    add_not_served,
+    answers_errors,
     from_service_error,
+    gateway,
+    in_flight_mode,
     json_body,
+    no_collectives,
     rollout_fields,
     rollout_headers,
     sampling_params,
@@ -35,7 +39,6 @@ from rollout_service.server.compat.gateway import (
 router = APIRouter()
 RENAMES = (("sampling.max_tokens", "max_tokens"), ("sampling.", ""), ("prompts[", "prompt["))
 CHAT_RENAMES = (("sampling.max_tokens", "max_tokens"), ("sampling.", ""), ("prompts[0]", "messages"))
-MODES = ("abort", "wait", "keep")
 
 
 @dataclass
@@ -49,23 +52,6 @@ class Options:
     stream: bool
     usage_in_stream: bool
     text: bool = True
-
-
-def gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
-
-
-def _errors(handler):
-    """DialectError -> OpenAI error JSON (400 naming the field, 429, 503, ...)."""
-    import functools
-
-    @functools.wraps(handler)
-    async def wrapped(request: Request):
-        try:
-            return await handler(request)
-        except DialectError as e:
-            return error_response(e)
-    return wrapped
 
 
 # ---- parsing ----------------------------------------------------------------------------------------
@@ -313,7 +299,7 @@ async def _serve(request: Request, parse, renames) -> Response:
 
 
 @router.post("/v1/completions")
-@_errors
+@answers_errors
 async def completions(request: Request):
     """OpenAI completions: a text or token-id prompt (or a batch), n samples each, logprobs of the sampled
     token, return_token_ids, return_tokens_as_token_ids, stream."""
@@ -321,7 +307,7 @@ async def completions(request: Request):
 
 
 @router.post("/v1/chat/completions")
-@_errors
+@answers_errors
 async def chat_completions(request: Request):
     """OpenAI chat: `messages` through the model's chat template (in the tokenizer thread)."""
     gw = gateway(request)
@@ -357,7 +343,7 @@ async def chat_completions(request: Request):
 
 
 @router.post("/inference/v1/generate")
-@_errors
+@answers_errors
 async def generate_tokens(request: Request):
     """vLLM's tokens-in, tokens-out endpoint: `token_ids` and `sampling_params`."""
     return await _serve(request, parse_generate, (("sampling.", "sampling_params."), ("prompts[0]", "token_ids")))
@@ -391,14 +377,11 @@ def weight_info(request: Request) -> dict:
 
 # ---- control (admin token) -------------------------------------------------------------------------------
 @router.post("/pause")
-@_errors
+@answers_errors
 async def pause(request: Request):
     """Pause generation: mode=abort (in-flight samples end with finish_reason "abort"), wait (finish them),
     keep (freeze them; they continue on /resume under whatever weights are loaded by then)."""
-    mode = request.query_params.get("mode", "abort")
-    if mode not in MODES:
-        raise DialectError(400, f"mode: must be one of {', '.join(MODES)}, got {mode!r}", "mode")
-    await gateway(request).pause(mode)
+    await gateway(request).pause(in_flight_mode(request.query_params.get("mode", "abort")))
     return {"status": "paused"}
 
 
@@ -414,7 +397,7 @@ def is_paused(request: Request) -> dict:
 
 
 @router.post("/abort_requests")
-@_errors
+@answers_errors
 async def abort_requests(request: Request):
     ids = json_body(await request.body()).get("request_ids") or None
     if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
@@ -423,7 +406,7 @@ async def abort_requests(request: Request):
 
 
 @router.post("/reset_prefix_cache")
-@_errors
+@answers_errors
 async def reset_prefix_cache(request: Request):
     if not await gateway(request).reset_prefix_cache():
         raise DialectError(409, "the prefix cache could not be reset on every engine (requests running?)")
@@ -431,40 +414,24 @@ async def reset_prefix_cache(request: Request):
 
 
 @router.post("/update_weights")
-@_errors
+@answers_errors
 async def update_weights(request: Request):
     """prime-rl's filesystem mode: {"weight_dir": path} -> LoadWeights' validated, all-or-nothing commit, as
     the next policy version (or "version"). vLLM's NCCL form ({"update_info": ...}) answers 501."""
     body = json_body(await request.body())
     if "weight_dir" not in body:
         if "update_info" in body:
-            raise _no_collectives("/update_weights with update_info")
+            raise no_collectives("/update_weights with update_info")
         raise DialectError(400, "weight_dir: required (a safetensors file or directory below the server's "
                                 "--weights-root)", "weight_dir")
     f = Fields(body)
     path = f.get("weight_dir")
     if not isinstance(path, str) or not path:
         raise DialectError(400, "weight_dir: must be a path", "weight_dir")
-    mode = f.get("mode", "wait")
-    if mode not in MODES:
-        raise DialectError(400, f"mode: must be one of {', '.join(MODES)}, got {mode!r}", "mode")
-    out = await gateway(request).load_policy(path, f.int("version"), mode, "update_weights")
+    out = await gateway(request).load_policy(path, f.int("version"), in_flight_mode(f.get("mode", "wait")),
+                                             "update_weights")
     return {"status": "ok"} | out
 
 
-def _no_collectives(what: str) -> DialectError:
-    return DialectError(501, f"{what}: NCCL / CUDA-IPC weight transfer is not served yet (no GPU node to test it "
-                             "on); write the weights as safetensors below the server's --weights-root and POST "
-                             "/update_weights {\"weight_dir\": path} (or SGLang's /update_weights_from_disk, or "
-                             "gRPC LoadWeights / PushWeights)")
-
-
-def _answer_501(path: str):
-    async def not_served():
-        return error_response(_no_collectives(path))
-    return not_served
-
-
-for _path in ("/init_weight_transfer_engine", "/start_weight_update", "/finish_weight_update",
-              "/start_draft_weight_update", "/shutdown_weight_transfer_engine"):
-    router.add_api_route(_path, _answer_501(_path), methods=["POST"])
+add_not_served(router, ("/init_weight_transfer_engine", "/start_weight_update", "/finish_weight_update",
+                        "/start_draft_weight_update", "/shutdown_weight_transfer_engine"))
