@@ -8,7 +8,7 @@
 # tag; the GPU image's vLLM tag equals the `gpu` extra's vllm pin), EXPOSE 50051 and 8000, a HEALTHCHECK
 # on /healthz, a non-root USER, the rollout-service ENTRYPOINT, and COPY sources that exist and are not
 # excluded by .dockerignore; every `rollout-service serve` flag used in docker/ and docs/deployment.md
-# exists in rollout_service/cli.py, and every `ray start` flag in the compose files exists in the
+# exists in rollout_service/config.py or cli.py, and every `ray start` flag in the compose files exists in the
 # installed Ray. Tool checks (when installed): `docker compose config -q` (or docker-compose v1 on the base
 # file) and hadolint. Exit 1 on any failure.
 set -uo pipefail
@@ -51,7 +51,8 @@ for tag in ("!reset", "!override"):
         else loader.construct_mapping(node) if isinstance(node, yaml.MappingNode)
         else loader.construct_scalar(node)))
 
-CLI = Path("rollout_service/cli.py").read_text()
+# serve's flags are declared with the config fields (rollout_service/config.py); cli.py adds --config
+CLI = Path("rollout_service/cli.py").read_text() + Path("rollout_service/config.py").read_text()
 ray_scripts = sorted(glob.glob(".venv/lib/python3*/site-packages/ray/scripts/scripts.py"))
 RAY_CLI = Path(ray_scripts[0]).read_text() if ray_scripts else None
 
@@ -59,7 +60,7 @@ RAY_CLI = Path(ray_scripts[0]).read_text() if ray_scripts else None
 def serve_flags_ok(text, where):
     """Every --flag of a `rollout-service serve` command line exists in the CLI."""
     for flag in sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))):
-        check(flag == "--help" or f'"{flag}"' in CLI, f"{where}: `rollout-service serve {flag}` is not a flag in rollout_service/cli.py")
+        check(flag == "--help" or f'"{flag}"' in CLI, f"{where}: `rollout-service serve {flag}` is not a flag in rollout_service/config.py or cli.py")
 
 
 def ray_flags_ok(args, where):

@@ -8,53 +8,40 @@ import os
 import sys
 
 
+def add_flag(parser, path: str, *names: str, **overrides) -> str:
+    """The flag of config field `path` (config.py: its type, choices, help and default say everything; `names`
+    and `overrides` adapt it for another command). Returns the argparse dest."""
+    from rollout_service.config import field
+
+    f = field(path)
+    kw = {"help": f.doc.replace("`", "") + (f" (default: {f.shown or f.default})".replace("`", "")
+                                             if f.shown or f.default not in ("", [], None) else "")}
+    kind = type(f.type).__name__                      # msgspec.inspect: IntType, ListType, ...
+    if kind == "BoolType":
+        kw.update(action="store_true", default=None)
+    elif kind == "ListType" and type(f.type.item_type).__name__ == "StrType":
+        kw.update(action="append")                    # repeatable
+    else:                                             # other lists (k_by_batch_size) are parsed from one string
+        kw["type"] = {"IntType": int, "FloatType": float}.get(kind, str)
+    if f.choices:
+        kw["choices"] = f.choices
+    if f.metavar:
+        kw["metavar"] = f.metavar
+    kw.update(overrides)
+    return parser.add_argument(*(names or (f.flag,)), **kw).dest
+
+
+SERVE_FLAGS: dict[str, str] = {}       # argparse dest -> config field path, filled by _serve_args
+
+
 def _serve_args(sub) -> None:
+    from rollout_service.config import fields
+
     p = sub.add_parser("serve", help="run the gRPC service (and its HTTP port) in front of vLLM engines")
     p.add_argument("--config", help="TOML or JSON config file (see docs/configuration.md)")
-    p.add_argument("--model", help="local Hugging Face model directory (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--engines", type=int, help="number of engines in this process's pool (default 1)")
-    p.add_argument("--host", help="bind address (default 127.0.0.1; others need authentication, see security)")
-    p.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 picks a free one)")
-    p.add_argument("--http-port", type=int, help="HTTP port for /healthz /readyz /metrics /v1/status (default 8000)")
-    p.add_argument("--max-queue", type=int, help="sequences admitted at once before RESOURCE_EXHAUSTED")
-    p.add_argument("--max-message-mb", type=int, help="largest request message in MiB (default 64)")
-    p.add_argument("--max-new-tokens", type=int, help="cap on sampling.max_tokens (default: the context length)")
-    p.add_argument("--max-streams-per-client", type=int, help="concurrent Generate streams per client (default 64)")
-    p.add_argument("--token-file", help="file holding the client bearer token (or env ROLLOUT_AUTH_TOKEN)")
-    p.add_argument("--admin-token-file", help="file holding the admin bearer token for weight/drafter pushes "
-                                              "(or env ROLLOUT_ADMIN_TOKEN)")
-    p.add_argument("--tls-cert", help="PEM server certificate (TLS on both ports)")
-    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    p.add_argument("--tls-client-ca", help="PEM CA that client certificates must chain to (mutual TLS)")
-    p.add_argument("--allow-insecure-remote", action="store_true", default=None,
-                   help="serve a non-loopback --host without authentication (trusted networks only)")
-    p.add_argument("--weights-root", action="append", metavar="DIR",
-                   help="a directory LoadWeights may read weights below (repeatable; default: the service's cache "
-                        "directory, $ROLLOUT_SERVICE_HOME or ~/.cache/rollout-service)")
-    p.add_argument("--ray-address", help="run the engines as Ray actors on this cluster (auto: the local one)")
-    p.add_argument("--ray-cpus-per-engine", type=float, help="CPUs reserved per engine actor (default 1)")
-    p.add_argument("--ray-gpus-per-engine", type=int, help="GPUs per engine actor (GPU nodes; default 0)")
-    p.add_argument("--tensor-parallel-size", type=int, help="GPUs each engine shards the model over (default 1)")
-    p.add_argument("--max-model-len", type=int, help="context length per sequence (default 2048)")
-    p.add_argument("--max-num-seqs", type=int, help="sequences each engine batches at once (default 64)")
-    p.add_argument("--kv-cache-gb", type=float, help="KV cache per engine in GiB on CPU (default 2)")
-    p.add_argument("--dtype", help="auto, bfloat16, float16 or float32")
-    p.add_argument("--weight-reload", choices=("shadow", "in_place"),
-                   help="commits: prepare beside the served weights and pause only to swap (shadow, default), "
-                        "or load while paused (in_place: no second copy of the weights in memory)")
-    p.add_argument("--speculation", choices=["none", "draft_model", "eagle3", "ngram", "mtp"],
-                   help="speculative decoding method (default none)")
-    p.add_argument("--draft-model", help="drafter directory for draft_model / eagle3")
-    p.add_argument("--num-speculative-tokens", type=int, help="k, tokens drafted per step (default 3)")
-    p.add_argument("--draft-sampling", choices=["probabilistic", "greedy"], help="how the drafter samples")
-    p.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...",
-                   help="k by the engine's running sequences, e.g. 1-8:3,9-16:1,17-:0 (k 0: no drafting there; "
-                        "default: k at every batch size)")
-    p.add_argument("--k-control", choices=["auto", "fixed"],
-                   help="without --k-by-batch-size: choose k (0 to --num-speculative-tokens) each engine step from "
-                        "measured step times and acceptance (auto, default), or draft k every step (fixed)")
-    p.add_argument("--draft-cost", type=float, help="drafter step / target step, as bench/speculation.py measures "
-                                                      "it; enables the expected-speedup estimate and warning")
+    for f in fields():
+        if f.flag:
+            SERVE_FLAGS[add_flag(p, f.path)] = f.path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,13 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify-lossless", help="prove speculative sampling matches plain sampling (G-tests) and "
                                                "that returned log-probs match an independent forward pass")
     v.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
-    v.add_argument("--method", default="draft_model", choices=["draft_model", "eagle3", "ngram", "mtp"])
-    v.add_argument("--draft-model", help="drafter directory (draft_model, eagle3)")
-    v.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
-    v.add_argument("--draft-sampling", default="probabilistic", choices=["probabilistic", "greedy"])
-    v.add_argument("--k-by-batch-size", metavar="FIRST-LAST:K,...", help="k by batch size, as for serve")
-    v.add_argument("--k-control", default="fixed", choices=["auto", "fixed"],
-                   help="as for serve (default fixed here: every step drafts k, the strictest test)")
+    from rollout_service.config import SPEC_METHODS
+
+    add_flag(v, "engine.speculation.method", "--method", default="draft_model",
+             choices=[m for m in SPEC_METHODS if m != "none"], help="speculative decoding method to check")
+    add_flag(v, "engine.speculation.model", "--draft-model")
+    add_flag(v, "engine.speculation.num_speculative_tokens", "-k", "--num-speculative-tokens", default=3)
+    add_flag(v, "engine.speculation.draft_sampling", "--draft-sampling", default="probabilistic")
+    add_flag(v, "engine.speculation.k_by_batch_size", "--k-by-batch-size")
+    add_flag(v, "engine.speculation.k_control", "--k-control", default="fixed",
+             help="as for serve (default fixed here: every step drafts k, the strictest test)")
     v.add_argument("--samples", type=int, default=400, help="samples per prompt per side")
     v.add_argument("--max-tokens", type=int, default=4, help="continuation length tested")
     v.add_argument("--temperature", type=float, default=1.0)
@@ -125,29 +115,11 @@ def cmd_serve(args) -> int:
     from rollout_service.server.app import serve
 
     try:
-        k_schedule = parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else None
-        cfg = load_config(args.config, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                          engines=args.engines, max_queue=args.max_queue, max_new_tokens=args.max_new_tokens,
-                          max_message_mb=args.max_message_mb,
-                          max_streams_per_client=args.max_streams_per_client,
-                          **{"engine.model": args.model, "engine.max_model_len": args.max_model_len,
-                             "engine.max_num_seqs": args.max_num_seqs, "engine.kv_cache_gb": args.kv_cache_gb,
-                             "engine.dtype": args.dtype, "engine.weight_reload": args.weight_reload,
-                             "engine.speculation.method": args.speculation,
-                             "engine.speculation.model": args.draft_model,
-                             "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
-                             "engine.speculation.draft_sampling": args.draft_sampling,
-                             "engine.speculation.draft_cost": args.draft_cost,
-                             "engine.speculation.k_by_batch_size": k_schedule,
-                             "engine.speculation.k_control": args.k_control,
-                             "security.token_file": args.token_file, "security.admin_token_file": args.admin_token_file,
-                             "security.tls_cert": args.tls_cert, "security.tls_key": args.tls_key,
-                             "security.tls_client_ca": args.tls_client_ca,
-                             "security.allow_insecure_remote": args.allow_insecure_remote,
-                             "security.weights_roots": args.weights_root,
-                             "ray.address": args.ray_address, "ray.cpus_per_engine": args.ray_cpus_per_engine,
-                             "ray.gpus_per_engine": args.ray_gpus_per_engine,
-                             "engine.tensor_parallel_size": args.tensor_parallel_size})
+        overrides = {path: getattr(args, dest) for dest, path in SERVE_FLAGS.items()}
+        if overrides["engine.speculation.k_by_batch_size"]:
+            overrides["engine.speculation.k_by_batch_size"] = parse_k_schedule(
+                overrides["engine.speculation.k_by_batch_size"])
+        cfg = load_config(args.config, **overrides)
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2

@@ -120,3 +120,32 @@ def test_weights_roots_must_be_absolute_and_the_flag_repeats():
     args = build_parser().parse_args(["serve", "--weights-root", "/a", "--weights-root", "/b"])
     assert load_config(**{"security.weights_roots": args.weights_root}).security.weights_roots == ["/a", "/b"]
     assert load_config().security.weights_roots == []        # the cache directory (server.app.weights_roots)
+
+
+def test_the_docs_table_is_generated_from_the_schema():
+    """docs/configuration.md holds config_table() between its markers: regenerate it with
+    `python -m rollout_service.config` when a field changes."""
+    from pathlib import Path
+
+    from rollout_service.config import config_table
+
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    inside = doc.split("-->\n", 1)[1].split("<!-- /config-table -->", 1)[0]
+    assert inside == config_table(), "docs/configuration.md's table is stale: python -m rollout_service.config"
+
+
+def test_every_field_with_a_flag_is_a_serve_flag_and_limits_name_the_field():
+    from rollout_service.cli import SERVE_FLAGS, build_parser
+    from rollout_service.config import fields
+
+    build_parser()
+    assert sorted(SERVE_FLAGS.values()) == sorted(f.path for f in fields() if f.flag)
+    for overrides, message in [({"engines": 0}, "engines must be >= 1"),
+                               ({"grpc_port": 70000}, "grpc_port must be in [0, 65535]"),
+                               ({"engine.kv_cache_gb": 0}, "engine.kv_cache_gb must be > 0"),
+                               ({"engine.dtype": "int8"}, "engine.dtype must be one of auto, bfloat16, float16, float32"),
+                               ({"engine.speculation.num_speculative_tokens": 17},
+                                "engine.speculation.num_speculative_tokens must be in [1, 16]")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(**overrides)
+        assert str(e.value) == message
