@@ -1,10 +1,13 @@
-"""EnginePool: the data plane's middle. Admission (bounded), routing (a prompt's whole group to one
-engine, least-loaded first), per-sequence tasks, and the bookkeeping GetStatus reports."""
+"""EnginePool: the data plane's middle, and the owner of its engines. Admission (bounded), routing (a prompt's
+whole group to one engine, least-loaded first), per-sequence tasks, the bookkeeping GetStatus reports, and the
+engines' lifecycle: starting, restarting, joining, draining and removing an engine, and marking it unhealthy, all
+happen here (the supervisor, the scaler and the weight committer ask the pool)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -63,13 +66,62 @@ class EnginePool:
         for gone in set(k_control) - {e.id for e in self.engines}:
             del k_control[gone]
 
-    def add_engine(self, engine: Engine) -> None:
+    # ---- engines' lifecycle: the only place (besides the engines themselves) that sets engine.state ---------
+    def mark_unhealthy(self, engine: Engine, why: str) -> None:
+        """Take `engine` out of service; pool.supervisor restarts it."""
+        if engine.state is not EngineState.UNHEALTHY:
+            log.error("%s: %s; marked unhealthy", engine.id, why)
+        engine.state = EngineState.UNHEALTHY
+
+    async def restart(self, engine: Engine, catch_up: Callable[[Engine], Awaitable[None]]) -> bool:
+        """Stop and start `engine`, let `catch_up` bring it to what the others serve (the weight committer:
+        replay every committed push, label the versions), and only then route to it. False (and UNHEALTHY) if
+        any step failed. The caller holds whatever keeps the others from changing meanwhile (the push lock)."""
+        try:
+            await engine.shutdown()
+            await engine.start()
+            engine.state = EngineState.STARTING     # not routed to until it matches the others
+            await catch_up(engine)
+            engine.state = EngineState.READY
+            return True
+        except Exception:  # noqa: BLE001 - a failed restart leaves the engine out of service, not the server
+            log.exception("%s: restart failed; it stays unhealthy", engine.id)
+            engine.state = EngineState.UNHEALTHY
+            return False
+
+    async def join(self, engine: Engine, bring_up: Callable[[Engine], Awaitable[None]]) -> bool:
+        """Scale out: `engine` is listed (status shows it starting) but not routed to while `bring_up`
+        (restart at the committed versions) runs; it joins routing once READY, else it is removed and stopped."""
+        engine.state = EngineState.STARTING
         self.engines.append(engine)
         self.load.setdefault(engine.id, 0)
         self.finished.setdefault(engine.id, 0)
+        self.joining.add(engine.id)
+        try:
+            await bring_up(engine)
+        finally:
+            self.joining.discard(engine.id)
+        if engine.state is not EngineState.READY:
+            self.engines.remove(engine)
+            await engine.shutdown()
+            return False
+        return True
 
-    def remove_engine(self, engine: Engine) -> None:
-        self.engines.remove(engine)
+    async def retire(self, engine: Engine, *, timeout_s: float, lock: asyncio.Lock) -> None:
+        """Scale in: no new work goes to `engine`; once the sequences it holds have finished (or `timeout_s`
+        passed) it leaves the pool under `lock` (the push lock: never mid-commit) and stops."""
+        self.draining.add(engine.id)
+        log.info("scale in: draining %s (%d sequences)", engine.id, self.load[engine.id])
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while self.load[engine.id] and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+            async with lock:
+                self.engines.remove(engine)
+            await engine.shutdown()
+        finally:
+            self.draining.discard(engine.id)
 
     @property
     def ready(self) -> bool:

@@ -1,10 +1,10 @@
 """Scale the engine pool while serving (ScaleEngines).
 
-Out: a new engine is built by the factory, brought up at the committed policy and drafter versions
-(WeightCommitter.restart_at_committed: start, replay every committed push, label versions; under the push
-lock, so no commit interleaves) and only then joins routing. In: the newest engines are drained first
-(no new work is routed to them), wait until every sequence they hold has finished, and then leave the
-pool and stop, under the push lock. Admitted requests are never dropped by scaling.
+Out: a new engine is built by the factory and joins the pool (EnginePool.join) once it is up at the committed
+policy and drafter versions (WeightCommitter.restart_at_committed, under the push lock, so no commit
+interleaves). In: the newest engines retire first (EnginePool.retire: no new work, wait until every sequence
+they hold has finished, then leave the pool under the push lock and stop). Admitted requests are never dropped
+by scaling.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Callable
 
 import grpc
 
-from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.base import Engine
 from rollout_service.errors import ServiceError, invalid
 
 log = logging.getLogger(__name__)
@@ -43,30 +43,10 @@ class Scaler:
     async def _add(self) -> None:
         engine = self.factory(f"engine-{self._next}")
         self._next += 1
-        engine.state = EngineState.STARTING
-        self.pool.add_engine(engine)                    # visible in status while starting, not routed to
-        self.pool.joining.add(engine.id)
         log.info("scale out: starting %s", engine.id)
-        try:
-            await self.committer.restart_at_committed(engine)
-        finally:
-            self.pool.joining.discard(engine.id)
-        if engine.state is not EngineState.READY:
-            self.pool.remove_engine(engine)
-            await engine.shutdown()
+        if not await self.pool.join(engine, self.committer.restart_at_committed):
             raise ServiceError(grpc.StatusCode.INTERNAL, f"scale out: {engine.id} failed to start; see the server log")
 
     async def _remove(self, engine: Engine) -> None:
-        self.pool.draining.add(engine.id)
-        log.info("scale in: draining %s (%d sequences)", engine.id, self.pool.load[engine.id])
-        try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.drain_timeout_s
-            while self.pool.load[engine.id] and loop.time() < deadline:
-                await asyncio.sleep(0.1)
-            async with self.committer.lock:             # never mid-commit
-                self.pool.remove_engine(engine)
-            await engine.shutdown()
-        finally:
-            self.pool.draining.discard(engine.id)
+        await self.pool.retire(engine, timeout_s=self.drain_timeout_s, lock=self.committer.lock)
         log.info("scale in: %s stopped", engine.id)

@@ -44,9 +44,8 @@ class Supervisor:
             dead = e.state is EngineState.UNHEALTHY or (
                 e.state in (EngineState.READY, EngineState.PAUSED) and not e.alive())
             if dead:
-                log.error("%s: engine is dead (%s); failing its in-flight requests as retriable and restarting it "
-                          "at the committed versions", e.id, e.death_reason() or "unhealthy")
-                e.state = EngineState.UNHEALTHY
+                self.pool.mark_unhealthy(e, f"engine is dead ({e.death_reason() or 'unhealthy'}); failing its "
+                                            "in-flight requests as retriable and restarting it at the committed versions")
                 found.append(e.id)
                 self.restarting[e.id] = asyncio.create_task(self._restart(e))
         return found

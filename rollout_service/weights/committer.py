@@ -155,26 +155,21 @@ class WeightCommitter:
                            f"{self.versions[target]}") from err
 
     async def restart_at_committed(self, engine) -> None:
-        """Bring an unhealthy engine back: restart it from the checkpoints, replay every committed push
-        (policy and drafter overlays), label it with the committed versions. Runs under the push lock,
-        so no commit interleaves; the engine serves again only once it matches the others."""
+        """Bring an engine (unhealthy, or new) up at the committed versions: the pool restarts it and this
+        replays every committed push (policy and drafter overlays) and labels the versions before it serves.
+        Under the push lock, so no commit interleaves; the engine serves only once it matches the others."""
         async with self.lock:
-            try:
-                await engine.shutdown()
-                await engine.start()
-                engine.state = EngineState.STARTING     # not routed to until it matches the others
-                for target in ("policy", "drafter"):
-                    for f in sorted(set(self.overlay[target].values())):
-                        await engine.load_weights(str(f), target)
-                await engine.set_versions(self.versions["policy"], self.versions["drafter"])
-                engine.state = EngineState.READY
+            if await self.pool.restart(engine, self._catch_up):
                 if self.held is not None:             # an operator's pause covers it too
                     await engine.pause(self.held)
                 log.info("%s restarted at policy version %d, drafter version %d", engine.id,
                          self.versions["policy"], self.versions["drafter"])
-            except Exception:  # noqa: BLE001
-                engine.state = EngineState.UNHEALTHY
-                log.exception("%s: restart failed; it stays unhealthy", engine.id)
+
+    async def _catch_up(self, engine) -> None:
+        for target in ("policy", "drafter"):
+            for f in sorted(set(self.overlay[target].values())):
+                await engine.load_weights(str(f), target)
+        await engine.set_versions(self.versions["policy"], self.versions["drafter"])
 
     def _remember(self, files: list[Path], names: list[str], target: str, version: int, keep: bool) -> None:
         """Record where each committed tensor's value lives, for rollback and engine restarts."""
@@ -206,9 +201,8 @@ class WeightCommitter:
                 try:
                     await e.load_weights(str(path), target)
                 except Exception:  # noqa: BLE001
-                    log.exception("%s: could not restore %s weights; marked unhealthy (the supervisor restarts it)",
-                                  e.id, target)
-                    e.state = EngineState.UNHEALTHY
+                    log.exception("%s: could not restore %s weights", e.id, target)
+                    self.pool.mark_unhealthy(e, f"could not restore {target} weights (the supervisor restarts it)")
         finally:
             path.unlink(missing_ok=True)
 
