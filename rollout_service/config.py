@@ -17,10 +17,12 @@ from typing import Annotated, Literal, get_args, get_origin
 
 import msgspec
 
+from rollout_service.wire import DTYPES as TENSOR_DTYPES
+
 SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "mtp")
 K_CONTROLS = ("auto", "fixed")
 WEIGHT_RELOADS = ("shadow", "in_place")
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPES = ("auto", *TENSOR_DTYPES)                # what the engine computes in; pushes may use it too
 OPEN_BATCH = 1 << 20      # "and above" in a k_by_batch_size range (vLLM clamps ranges to max_num_seqs)
 
 

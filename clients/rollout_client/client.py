@@ -7,7 +7,8 @@ import grpc
 
 from rollout_client.connection import Auth, open_channel
 from rollout_client.types import PushResult, Sample, build_request
-from rollout_client.weights import MODES, push_stream
+from rollout_client.weights import push_stream
+from rollout_client.wire import MODES, TARGETS
 from rollout_client.api import pb, pb_grpc
 
 
@@ -62,7 +63,7 @@ class RolloutClient:
         dtype: cast tensors while sending (e.g. torch.bfloat16 to match a bf16 checkpoint).
         checksum: "trailer" hashes while streaming (one pass over the tensors); "header" hashes first.
         """
-        stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
+        stream = push_stream(weights, version, target=TARGETS["policy"], mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes, checksum=checksum)
         return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin()))
 
@@ -70,7 +71,7 @@ class RolloutClient:
                      chunk_bytes: int = 4 << 20, timeout: float | None = None,
                      checksum: str = "trailer") -> PushResult:
         """Push drafter weights (versioned independently of the policy)."""
-        stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
+        stream = push_stream(weights, version, target=TARGETS["drafter"], mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes, checksum=checksum)
         return PushResult.from_proto(self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin()))
 
@@ -78,7 +79,7 @@ class RolloutClient:
                      partial: bool = False, timeout: float | None = None) -> PushResult:
         """Have the server load safetensors from `path` (a file or directory below one of its --weights-root)."""
         req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
-                                    target=pb.TARGET_DRAFTER if target == "drafter" else pb.TARGET_POLICY)
+                                    target=TARGETS["drafter" if target == "drafter" else "policy"])
         return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))
 
     def close(self) -> None:
@@ -132,7 +133,7 @@ class AsyncRolloutClient:
     async def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
                            dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None,
                            checksum: str = "trailer") -> PushResult:
-        stream = push_stream(weights, version, target=pb.TARGET_POLICY, mode=mode, partial=partial, dtype=dtype,
+        stream = push_stream(weights, version, target=TARGETS["policy"], mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes, checksum=checksum)
         reply = await self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
@@ -140,7 +141,7 @@ class AsyncRolloutClient:
     async def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
                            dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None,
                            checksum: str = "trailer") -> PushResult:
-        stream = push_stream(weights, version, target=pb.TARGET_DRAFTER, mode=mode, partial=partial, dtype=dtype,
+        stream = push_stream(weights, version, target=TARGETS["drafter"], mode=mode, partial=partial, dtype=dtype,
                              chunk_bytes=chunk_bytes, checksum=checksum)
         reply = await self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
@@ -148,7 +149,7 @@ class AsyncRolloutClient:
     async def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
                            partial: bool = False, timeout: float | None = None) -> PushResult:
         req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
-                                    target=pb.TARGET_DRAFTER if target == "drafter" else pb.TARGET_POLICY)
+                                    target=TARGETS["drafter" if target == "drafter" else "policy"])
         reply = await self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
 

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollout_client.api import pb
-
-_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
+from rollout_client.wire import FINISH_REASONS, TARGET_NAMES
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class Sample:
         return cls(
             prompt_index=m.prompt_index, sample_index=m.sample_index,
             token_ids=np.asarray(m.token_ids, dtype=np.int64), logprobs=np.asarray(m.logprobs, dtype=np.float32),
-            finish_reason=_FINISH.get(m.finish_reason, "unspecified"), stop_string=m.stop_string,
+            finish_reason=FINISH_REASONS.get(m.finish_reason, "unspecified"), stop_string=m.stop_string,
             policy_version=m.policy_version,
             version_spans=[(s.policy_version, s.first_token) for s in m.version_spans],
             draft_version=m.draft_version, num_drafted=m.num_drafted, num_accepted=m.num_accepted, text=m.text,
@@ -83,5 +82,5 @@ class PushResult:
     @classmethod
     def from_proto(cls, m: pb.PushResult) -> "PushResult":
         t = m.timings
-        return cls(m.version, "drafter" if m.target == pb.TARGET_DRAFTER else "policy", m.num_tensors, m.num_bytes,
+        return cls(m.version, TARGET_NAMES.get(m.target, "policy"), m.num_tensors, m.num_bytes,
                    m.partial, t.receive_s, t.validate_s, t.apply_s, t.pause_s, t.total_s, t.prepare_s)

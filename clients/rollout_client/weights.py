@@ -10,9 +10,8 @@ import hashlib
 from typing import Iterator
 
 from rollout_client.api import pb
+from rollout_client.wire import DTYPE_NAMES, MODES
 
-DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
-MODES = {"abort": pb.IN_FLIGHT_ABORT, "wait": pb.IN_FLIGHT_WAIT, "keep": pb.IN_FLIGHT_KEEP}
 
 
 def _tensors(weights) -> list[tuple[str, object]]:

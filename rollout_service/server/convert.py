@@ -8,8 +8,14 @@ from rollout_service.engine.base import EngineState
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedResult
 from rollout_service.speculation.speedup import expected_speedup, measured_mean_acceptance_length
+from rollout_service.wire import DEFAULT_IN_FLIGHT, DEFAULT_TARGET, FINISH_REASONS, IN_FLIGHT_MODES, TARGETS
 
-FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+# rollout_service.wire's names <-> the proto's enum values (IN_FLIGHT_KEEP, TARGET_DRAFTER, FINISH_REASON_STOP, ...)
+FINISH = {r: pb.FinishReason.Value(f"FINISH_REASON_{r.upper()}") for r in FINISH_REASONS}
+MODES = {pb.IN_FLIGHT_UNSPECIFIED: DEFAULT_IN_FLIGHT,
+         **{pb.InFlightMode.Value(f"IN_FLIGHT_{m.upper()}"): m for m in IN_FLIGHT_MODES}}
+TARGET_ENUM = {t: pb.WeightTarget.Value(f"TARGET_{t.upper()}") for t in TARGETS}
+TARGET_NAMES = {pb.TARGET_UNSPECIFIED: DEFAULT_TARGET, **{v: t for t, v in TARGET_ENUM.items()}}
 STATE = {
     EngineState.STARTING: pb.ENGINE_STATE_STARTING, EngineState.READY: pb.ENGINE_STATE_READY,
     EngineState.PAUSED: pb.ENGINE_STATE_PAUSED, EngineState.UNHEALTHY: pb.ENGINE_STATE_UNHEALTHY,
@@ -87,20 +93,19 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
     )
 
 
-MODES = {pb.IN_FLIGHT_UNSPECIFIED: "wait", pb.IN_FLIGHT_ABORT: "abort", pb.IN_FLIGHT_WAIT: "wait",
-         pb.IN_FLIGHT_KEEP: "keep"}
-TARGETS = {pb.TARGET_UNSPECIFIED: "policy", pb.TARGET_POLICY: "policy", pb.TARGET_DRAFTER: "drafter"}
-TARGET_ENUM = {"policy": pb.TARGET_POLICY, "drafter": pb.TARGET_DRAFTER}
-
-
 def target_and_mode(target: int, in_flight: int, where: str) -> tuple[str, str]:
     """Enum values from the wire; an unknown one (a newer client, a corrupt message) is INVALID_ARGUMENT."""
-    if target not in TARGETS:
-        raise invalid(f"{where}.target has an unknown value {target}; use TARGET_POLICY or TARGET_DRAFTER")
+    if target not in TARGET_NAMES:
+        raise invalid(f"{where}.target has an unknown value {target}; use "
+                      f"{_one_of([pb.WeightTarget.Name(v) for v in TARGET_ENUM.values()])}")
     if in_flight not in MODES:
-        raise invalid(f"{where}.in_flight has an unknown value {in_flight}; use IN_FLIGHT_ABORT, "
-                      f"IN_FLIGHT_WAIT or IN_FLIGHT_KEEP")
-    return TARGETS[target], MODES[in_flight]
+        raise invalid(f"{where}.in_flight has an unknown value {in_flight}; use "
+                      f"{_one_of([pb.InFlightMode.Name(v) for v in MODES if v != pb.IN_FLIGHT_UNSPECIFIED])}")
+    return TARGET_NAMES[target], MODES[in_flight]
+
+
+def _one_of(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:

@@ -28,7 +28,6 @@ from rollout_service.weights.shield import run_to_end
 from rollout_service.weights.scratch import recycle
 
 log = logging.getLogger(__name__)
-MODES = ("abort", "wait", "keep")
 
 
 @dataclass

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from rollout_service.errors import invalid
 from rollout_service.weights.paths import open_regular
+from rollout_service.wire import FROM_SAFETENSORS_CODE
 
-# safetensors header dtype names <-> the names the contract uses
-ST_TO_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def read_headers(files: list[Path]) -> dict[str, tuple[TensorSpec, int]]:
             for name, meta in header.items():
                 if name != "__metadata__":
                     start, end = meta["data_offsets"]
-                    spec = TensorSpec(ST_TO_DTYPE.get(meta["dtype"], str(meta["dtype"]).lower()),
+                    spec = TensorSpec(FROM_SAFETENSORS_CODE.get(meta["dtype"], str(meta["dtype"]).lower()),
                                       tuple(int(d) for d in meta["shape"]))
                     out[name] = (spec, int(end) - int(start))
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:

@@ -24,9 +24,8 @@ import numpy as np
 from rollout_service.errors import invalid
 from rollout_service.weights.manifest import Manifest
 from rollout_service.weights.scratch import recycle, take_spare
+from rollout_service.wire import ITEMSIZE, SAFETENSORS_CODE
 
-ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
-SAFETENSORS_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)    # Linux >= 5.14; Python 3.11 lacks the name
@@ -171,7 +170,7 @@ class Stager:
             raise invalid(f"tensor {short[0]!r} is incomplete ({self._tensors[short[0]].received} of "
                           f"{self._tensors[short[0]].nbytes} bytes; {len(short)} incomplete in total)")
         partial = self.manifest.check_complete(self._tensors, self.partial)
-        header = _header_json({n: {"dtype": SAFETENSORS_DTYPE[x.dtype], "shape": list(x.shape),
+        header = _header_json({n: {"dtype": SAFETENSORS_CODE[x.dtype], "shape": list(x.shape),
                                    "data_offsets": [x.offset, x.offset + x.nbytes]}
                                for n, x in self._tensors.items()})
         header += b" " * (self._header_room - len(header))       # the format allows trailing spaces

@@ -21,6 +21,7 @@ from rollout_service.errors import ServiceError
 from rollout_service.pool.requests import IndexedResult
 from rollout_service.server.grpc_service import TOKENIZER
 from rollout_service.validation import CheckedRequest
+from rollout_service.wire import IN_FLIGHT_MODES
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -196,7 +197,7 @@ def add_not_served(router, paths: tuple[str, ...]) -> None:
         router.add_api_route(path, answer(path), methods=["POST"])
 
 
-def in_flight_mode(value, modes=("abort", "wait", "keep")) -> str:
+def in_flight_mode(value, modes=IN_FLIGHT_MODES) -> str:
     if value not in modes:
         raise DialectError(400, f"mode: must be one of {', '.join(modes)}, got {value!r:.40}", "mode")
     return value
