@@ -2,13 +2,17 @@
 interleaved in one run (not a test).
 
     .venv/bin/python bench/k_zero.py [--methods draft_model,eagle3,ngram] [--concurrency 8,32] [--rounds 2]
-                                     [--draft-model DIR] [--eagle3-head DIR]
+                                     [--draft-model DIR] [--eagle3-head DIR] [--auto]
 
 Where the k controller (speculation/k_controller.py) decides that drafting does not pay, an engine runs k = 0;
 what such a step still costs over a plain engine's step is the floor under the controller's worst case. Each
 speculative engine is configured with k_by_batch_size = [[1, any, 0]] (vLLM's dynamic speculative decoding with
 k 0 everywhere) and measured plain, k0, plain, k0, ... at each concurrency (same workload as
 bench/speculation.py). Prints tok/s and the ratio per round.
+
+--auto adds a third engine per method with the k controller (k_control = "auto", k up to 3) in the same rotation
+(plain, k0, auto), and prints what the controller measured and chose: steps by k, and per batch bucket the step
+time at each k and the k it settled on. A controlled engine that settles on k = 0 should run like the k0 one.
 """
 from __future__ import annotations
 
@@ -43,23 +47,47 @@ async def run(args) -> None:
         for method in args.methods.split(","):
             eng = await start(model, SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=3,
                                                        k_by_batch_size=[(1, OPEN_BATCH, 0)]))
+            auto = await start(model, SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=3,
+                                                        k_control="auto")) if args.auto else None
             try:
                 for c in conc:
                     for r in range(args.rounds):
                         p = await held(plain, prompts, c, n_of[c], args.max_tokens, "plain")
                         s = await held(eng, prompts, c, n_of[c], args.max_tokens, f"{method} k=0")
-                        rows.append((method, c, r, p["tok_s"], s["tok_s"]))
+                        a = await held(auto, prompts, c, n_of[c], args.max_tokens, f"{method} auto") if auto else None
+                        rows.append((method, c, r, p["tok_s"], s["tok_s"], a["tok_s"] if a else None))
                         print(f"{method:<11} conc {c:>2} round {r}: plain {p['tok_s']:7.1f} tok/s, k=0 {s['tok_s']:7.1f} "
-                              f"tok/s, ratio {s['tok_s'] / p['tok_s']:.3f}", flush=True)
+                              f"tok/s, ratio {s['tok_s'] / p['tok_s']:.3f}"
+                              + (f"; auto {a['tok_s']:7.1f} tok/s, ratio {a['tok_s'] / p['tok_s']:.3f}" if a else ""),
+                              flush=True)
+                if auto:
+                    print_controller(method, await auto.k_control_snapshot())
             finally:
                 await eng.shutdown()
+                if auto:
+                    await auto.shutdown()
     finally:
         await plain.shutdown()
-    print("\nmethod       conc  k=0 / plain (mean of rounds)")
+    print("\nmethod       conc  k=0 / plain (mean of rounds)" + ("   auto / plain" if args.auto else ""))
     for method in dict.fromkeys(m for m, *_ in rows):
         for c in conc:
-            ratios = [s / p for m, cc, _, p, s in rows if m == method and cc == c]
-            print(f"{method:<11} {c:>5}  {sum(ratios) / len(ratios):.3f}  ({', '.join(f'{x:.3f}' for x in ratios)})")
+            ratios = [s / p for m, cc, _, p, s, _a in rows if m == method and cc == c]
+            line = f"{method:<11} {c:>5}  {sum(ratios) / len(ratios):.3f}  ({', '.join(f'{x:.3f}' for x in ratios)})"
+            if args.auto:
+                autos = [a / p for m, cc, _, p, _s, a in rows if m == method and cc == c]
+                line += f"   {sum(autos) / len(autos):.3f}  ({', '.join(f'{x:.3f}' for x in autos)})"
+            print(line)
+
+
+def print_controller(method: str, snap: dict | None) -> None:
+    """The auto engine's controller state (KController.snapshot()) after its runs."""
+    if not snap:
+        print(f"{method}: no controller state", flush=True)
+        return
+    print(f"{method} controller: steps by k {snap['steps_by_k']}, acceptance by position "
+          f"{[round(a, 3) for a in snap['acceptance']]}", flush=True)
+    for b in snap["buckets"]:
+        print(f"  batch {b['batch']:>6}: chose k={b['chosen_k']}, step ms by k {b['step_ms']}", flush=True)
 
 
 def main() -> None:
@@ -72,6 +100,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--samples-per-slot", type=int, default=2)
+    ap.add_argument("--auto", action="store_true", help="also an engine with the k controller (see above)")
     asyncio.run(run(ap.parse_args()))
 
 

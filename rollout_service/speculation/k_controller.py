@@ -22,13 +22,17 @@ Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
   against a reference of the same hour, not of the morning;
 - a neighbour of the best k is re-tried every `explore_every` decisions, eight times less often when it looked
   clearly worse;
-- one step's time moves a cell by at most a factor 2 (a stall or a collection does not redefine it);
+- a cell starts from the median of its first `min_obs` steps (an engine's first steps, a warm-up or a stall, are
+  often 10x slow: taken as the start of an average that moves 10% per step, one such step made k = 0 look 14x
+  dearer than it was at one sequence for the rest of a run), and after that one step's time moves it by at most
+  a factor 2 (a stall or a collection does not redefine it);
 - without measured acceptance (at start, after a new drafter), the cheapest k > 0 drafts until it is measured.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
 
 def bucket_of(batch: int) -> int:
@@ -43,10 +47,12 @@ def bucket_name(bucket: int) -> str:
 
 @dataclass
 class Cell:
-    """One (bucket, k): step time (seconds) and tokens per sequence-step, as exponential moving averages."""
+    """One (bucket, k): step time (seconds) and tokens per sequence-step, as exponential moving averages that
+    start from the first observations' median (seconds) and mean (tokens)."""
     seconds: float = 0.0
     tokens: float = 1.0
     n: int = 0
+    first: list = field(default_factory=list)       # (seconds, tokens) of the first min_obs steps
 
 
 class KController:
@@ -84,8 +90,12 @@ class KController:
         sequence the number of drafts accepted (None or [] when k = 0)."""
         cell = self.cells.setdefault((bucket_of(batch), k), Cell())
         tokens = 1 + sum(accepted_counts) / len(accepted_counts) if k and accepted_counts else 1.0
-        if cell.n == 0:
-            cell.seconds, cell.tokens = seconds, tokens
+        if cell.n < self.min_obs:
+            cell.first.append((seconds, tokens))
+            cell.seconds = statistics.median(s for s, _ in cell.first)
+            cell.tokens = statistics.fmean(t for _, t in cell.first)
+            if cell.n + 1 == self.min_obs:
+                cell.first = []
         else:
             seconds = min(max(seconds, cell.seconds / 2), cell.seconds * 2)
             cell.seconds += self.alpha * (seconds - cell.seconds)
