@@ -1,15 +1,20 @@
-"""Calibrate the performance model's CPU profile (rollout_service/perfmodel) on this machine (not a test; ~8 min).
+"""Calibrate the performance model's CPU profile (rollout_service/perfmodel) on this machine (not a test; ~20 min).
 
-    .venv/bin/python bench/calibrate_cpu.py [--batches 1,4,8,16,32,64] [--ks 1,3] [--methods eagle3,draft_model]
+    .venv/bin/python bench/calibrate_cpu.py [--batches 1,4,8,16,32,64] [--ks 1,3] [--methods eagle3,draft_model,ngram]
                                             [--out bench/results/cpu_calibration.json]
     .venv/bin/python bench/calibrate_cpu.py --refit     # fit again from the measurements already in --out
     git show 64e93c7:bench/results/speculation.txt > /tmp/old.txt    # an older run's table, not the validated one
     .venv/bin/python bench/calibrate_cpu.py --from-table /tmp/old.txt --out bench/results/cpu_calibration_interim.json
 
 Measures real vLLM engine steps on the default model, with the engine settings bench/speculation.py uses
-(VllmEngine, max_model_len 1024, the task's prompts, temperature 1.0, seeded):
-- plain decode steps at each batch size B (B sequences of --tokens new tokens, EOS ignored);
-- speculative steps (verify k + 1 tokens per sequence, k drafter steps) for each drafter method and k, at each B.
+(VllmEngine, max_model_len 1024, the task's prompts, temperature 1.0, seeded), for each drafter method, at each
+batch size B (B sequences of --tokens new tokens, EOS ignored):
+- steps without drafts (k = 0 at every batch size, vLLM's dynamic speculative decoding), and speculative steps
+  (verify k + 1 tokens per sequence, k drafter steps) at each of --ks;
+- each paired with a plain engine's step measured right before it (one plain engine runs the whole time). The
+  fit uses the pair's ratio: this machine drifts up to 3x within a day and shares its 2 cores, and a ratio
+  measured seconds apart survives that where an absolute time does not. The plain step at B is the median of
+  its pairs.
 Step time = the wall-time difference of two runs (--tokens and --tokens / 4 new tokens, which cancels prefill)
 over the difference in engine steps (plain: tokens; speculative: the samples' verify steps). vLLM's
 `rejection_sample_method="synthetic"` would fix acceptance, but its CPU kernels ignore the synthetic rates
@@ -25,7 +30,9 @@ measurement at token widths > 1: verifying is extrapolated by the roofline alone
 The fit (`fit` in the JSON, read by perfmodel.hardware.cpu_from_calibration):
 - plain steps -> overhead_s, mem_bw, flops of the roofline T(B) = overhead + max(weight bytes / mem_bw,
   FLOPs / flops) (perfmodel/step.py) by grid search on relative error;
-- speculative steps -> what verifying a k + 1 wide step predicts from that roofline, the rest is drafting:
+- k = 0 steps -> k0_overhead[method]: the median over B of (k = 0 step / plain step - 1);
+- speculative steps (as ratio x the roofline's plain step) -> what verifying a k + 1 wide step predicts from that
+  roofline, the rest is drafting:
   T_spec(B, k) - forward(B, k + 1) = k (d0 + d1 B) + e, least squares per method for the drafter step
   (d0, d1) -> draft_steps[method], and e (spec_overhead_s, shared).
 """
@@ -36,8 +43,11 @@ import asyncio
 import datetime
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -56,7 +66,17 @@ async def timed(eng, prompts, batch: int, tokens: int, tag: str) -> tuple[float,
     return wall, float(steps)
 
 
-async def measure(model: str, spec, prompts, batches: list[int], tokens: int, tag: str) -> list[dict]:
+async def step_time(eng, prompts, batch: int, tokens: int, tag: str) -> dict:
+    """Seconds per engine step at `batch` sequences: two runs (tokens / 4 and tokens new tokens) differenced."""
+    w1, s1 = await timed(eng, prompts, batch, tokens // 4, tag)
+    w2, s2 = await timed(eng, prompts, batch, tokens, tag)
+    return {"step_s": (w2 - w1) / max(1.0, s2 - s1), "steps": [s1, s2], "wall_s": [round(w1, 3), round(w2, 3)]}
+
+
+async def measure(model: str, spec, prompts, batches: list[int], tokens: int, tag: str, plain=None) -> list[dict]:
+    """Step time at each batch size on an engine with `spec`. With `plain` (a running plain engine), each
+    measurement is paired with the plain engine's, taken right before it (plain_step_s): the machine drifts up
+    to 3x within a day and other work shares its 2 cores, so the fit uses the pair's ratio, not either time."""
     from rollout_service.config import EngineConfig
     from rollout_service.engine.vllm_engine import VllmEngine
 
@@ -66,12 +86,15 @@ async def measure(model: str, spec, prompts, batches: list[int], tokens: int, ta
     try:
         await timed(eng, prompts, 2, 8, "warm")
         for b in batches:
-            short, long_ = tokens // 4, tokens
-            w1, s1 = await timed(eng, prompts, b, short, tag)
-            w2, s2 = await timed(eng, prompts, b, long_, tag)
-            step = (w2 - w1) / max(1.0, s2 - s1)
-            rows.append({"batch": b, "step_s": round(step, 5), "steps": [s1, s2], "wall_s": [round(w1, 3), round(w2, 3)]})
-            print(f"  {tag:<16} batch {b:>3}: {step * 1e3:8.2f} ms/step", flush=True)
+            base = await step_time(plain, prompts, b, tokens, "plain") if plain is not None else None
+            r = await step_time(eng, prompts, b, tokens, tag)
+            row = {"batch": b, "step_s": round(r["step_s"], 5), "steps": r["steps"], "wall_s": r["wall_s"]}
+            if base is not None:
+                row["plain_step_s"] = round(base["step_s"], 5)
+            rows.append(row)
+            print(f"  {tag:<16} batch {b:>3}: {r['step_s'] * 1e3:8.2f} ms/step"
+                  + (f"  (plain beside it {base['step_s'] * 1e3:7.2f} ms: x{r['step_s'] / base['step_s']:.2f})"
+                     if base else ""), flush=True)
     finally:
         await eng.shutdown()
     return rows
@@ -115,10 +138,22 @@ def fit(cal: dict) -> dict:
             out["draft_steps"][meth] = [max(0.0, float(d0)), max(0.0, float(d1))]
         out["spec_overhead_s"] = 0.0
         return out
+    # each speculative measurement in plain steps of the fitted roofline: its ratio to the plain step measured
+    # beside it (older calibrations without pairs: its own time)
+    def seconds(r):
+        return r["step_s"] / r["plain_step_s"] * forward(m, h, r["batch"], 1, ctx).seconds if r.get("plain_step_s") \
+            else r["step_s"]
+
+    spec = [{**r, "step_s": seconds(r)} for r in cal.get("spec", [])]
+    # k = 0: what a step without drafts costs over a plain one, a fraction of it per method (median over batches)
+    out["k0_overhead"] = {meth: round(max(0.0, float(np.median([r["step_s"] / r["plain_step_s"] - 1 for r in spec
+                                                                  if r["method"] == meth and r["k"] == 0]))), 4)
+                          for meth in sorted({r["method"] for r in spec if r["k"] == 0 and r.get("plain_step_s")})}
+    spec = [r for r in spec if r["k"] > 0]
     # speculative: T - forward(B, k + 1) = k d0 + k B d1 + e, per method; e shared -> one least-squares system
-    methods = sorted({r["method"] for r in cal.get("spec", [])})
+    methods = sorted({r["method"] for r in spec})
     rows, rhs = [], []
-    for r in cal.get("spec", []):
+    for r in spec:
         j = methods.index(r["method"])
         x = [0.0] * (2 * len(methods) + 1)
         x[2 * j], x[2 * j + 1], x[-1] = r["k"], r["k"] * r["batch"], 1.0
@@ -137,7 +172,7 @@ async def run(args) -> dict:
     from transformers import AutoTokenizer
 
     from rollout_service.cli import resolve_model
-    from rollout_service.config import SpeculationConfig
+    from rollout_service.config import OPEN_BATCH, SpeculationConfig
     from rollout_service.engine.vllm_engine import resolve_dtype
     from rollout_service.drafting.drafters import default_drafter_dir, task_prompts
 
@@ -151,18 +186,32 @@ async def run(args) -> dict:
            "bytes_per_param": 4 if dtype == "float32" else 2, "prompt_len": round(prompt_len, 1),
            "context": round(prompt_len + args.tokens * 5 / 8, 1), "tokens": args.tokens, "plain": [], "spec": []}
     print(f"calibrating on {model} ({dtype}); batches {batches}; prompt {prompt_len:.0f} tokens", flush=True)
-    cal["plain"] = await measure(model, SpeculationConfig(), prompts, batches, args.tokens, "plain")
+    from speculation import start  # bench/speculation.py: a warmed-up plain engine, kept for the pairs
+
+    plain = await start(model, SpeculationConfig())
     drafters = {"eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")),
-                "draft_model": args.draft_model or str(default_drafter_dir("draft_model"))}
+                "draft_model": args.draft_model or str(default_drafter_dir("draft_model")), "ngram": ""}
     for method in args.methods.split(","):
-        if not Path(drafters[method]).exists():
+        if method != "ngram" and not Path(drafters[method]).exists():
             print(f"  {method}: no drafter at {drafters[method]}; skipped", flush=True)
             continue
         cal.setdefault("drafters", {})[method] = drafters[method]
-        for k in (int(x) for x in args.ks.split(",")):
-            spec = SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=k, k_control="fixed")
-            for r in await measure(model, spec, prompts, batches, args.tokens, f"{method} k={k}"):
-                cal["spec"].append({"method": method, "k": k, **r})
+        try:
+            for k in [0] + [int(x) for x in args.ks.split(",")]:
+                # k = 0: drafting off at every batch size (k_by_batch_size), what a step without drafts costs
+                spec = SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=max(k, 1),
+                                         k_control="fixed", k_by_batch_size=[(1, OPEN_BATCH, 0)] if k == 0 else [])
+                for r in await measure(model, spec, prompts, batches, args.tokens, f"{method} k={k}", plain):
+                    cal["spec"].append({"method": method, "k": k, **r})
+        except BaseException:
+            await plain.shutdown()
+            raise
+    await plain.shutdown()
+    # the plain step at each batch size: the median of every plain measurement paired above
+    import statistics
+
+    cal["plain"] = [{"batch": b, "step_s": round(statistics.median(r["plain_step_s"] for r in cal["spec"]
+                                                                 if r["batch"] == b), 5)} for b in batches]
     return cal
 
 
@@ -199,7 +248,7 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--batches", default="1,4,8,16,32,64")
     ap.add_argument("--ks", default="1,3")
-    ap.add_argument("--methods", default="eagle3,draft_model")
+    ap.add_argument("--methods", default="eagle3,draft_model,ngram")
     ap.add_argument("--eagle3-head")
     ap.add_argument("--draft-model")
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per sequence in the long run")
@@ -216,7 +265,8 @@ def main() -> None:
     f = cal["fit"]
     print(f"fit: overhead {f['overhead_s'] * 1e3:.1f} ms, mem_bw {f['mem_bw'] / 1e9:.1f} GB/s, flops "
           f"{f['flops'] / 1e9:.1f} GFLOP/s (plain steps within {f['plain_mean_abs_error']:.1%} on average); "
-          f"drafter steps {f['draft_steps']}; spec overhead {f.get('spec_overhead_s', 0) * 1e3:.1f} ms")
+          f"drafter steps {f['draft_steps']}; spec overhead {f.get('spec_overhead_s', 0) * 1e3:.1f} ms; k = 0 costs "
+          f"{f.get('k0_overhead')} of a plain step")
     print(f"wrote {args.out}")
 
 

@@ -30,6 +30,9 @@ class Hardware:
     # roofline of the drafter; and what a speculative step costs beyond verifying and drafting.
     draft_steps: dict = field(default_factory=dict)
     spec_overhead_s: float = 0.0
+    # calibrated only (CPU): what a step without drafts costs beyond a plain step, a fraction of it, by method
+    # (an engine with a drafter configured, at k = 0), replacing Drafter.k0_steps' drafter steps
+    k0_overhead: dict = field(default_factory=dict)
     source: str = ""
 
     def ridge(self) -> float:
@@ -73,7 +76,8 @@ def cpu_from_calibration(path: str | Path) -> Hardware:
         link_bw=1e12, push_bw=fit.get("push_bw", 2e9), overhead_s=fit["overhead_s"],
         draft_overhead_s=fit.get("draft_overhead_s", 0.0), allreduce_latency_s=0.0,
         draft_steps={m: tuple(v) for m, v in fit.get("draft_steps", {}).items()},
-        spec_overhead_s=fit.get("spec_overhead_s", 0.0), bytes_per_param=fit.get("bytes_per_param", 2.0),
+        spec_overhead_s=fit.get("spec_overhead_s", 0.0), k0_overhead=dict(fit.get("k0_overhead", {})),
+        bytes_per_param=fit.get("bytes_per_param", 2.0),
         source=f"fitted to {path} ({data.get('date', '?')})")
 
 

@@ -68,7 +68,9 @@ def spec_step(m: Transformer, d: Drafter | None, hw: Hardware, batch: int, k: in
               tp: int = 1) -> float:
     """Seconds of one engine step drafting and verifying k tokens per sequence (k = 0: a plain step)."""
     if k == 0 or d is None:
-        extra = d.k0_steps * draft_step(d, hw, batch, context, tp) if d is not None else 0.0
-        return forward(m, hw, batch, 1, context, tp).seconds + extra
+        plain = forward(m, hw, batch, 1, context, tp).seconds
+        if d is not None and d.method in hw.k0_overhead:          # calibrated (CPU): measured at k = 0
+            return plain * (1 + hw.k0_overhead[d.method])
+        return plain + (d.k0_steps * draft_step(d, hw, batch, context, tp) if d is not None else 0.0)
     return (forward(m, hw, batch, k + 1, context, tp).seconds + k * draft_step(d, hw, batch, context, tp)
             + hw.spec_overhead_s)

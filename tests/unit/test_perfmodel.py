@@ -11,7 +11,7 @@ import pytest
 from rollout_service.perfmodel import acceptance, hardware, model
 from rollout_service.perfmodel.rl import rl_step
 from rollout_service.perfmodel.rollout import Engine, drain, lognormal_lengths, mean_length
-from rollout_service.perfmodel.step import Drafter, forward
+from rollout_service.perfmodel.step import Drafter, forward, spec_step
 
 Q8 = model.load("qwen3-8b")
 HEAD = model.load("qwen3-8b-eagle3")
@@ -93,9 +93,16 @@ def test_async_step_is_never_slower_than_sync():
 def test_cpu_profile_is_fitted_from_a_calibration_file(tmp_path):
     p = tmp_path / "cal.json"
     p.write_text(json.dumps({"date": "x", "fit": {"mem_bw": 2e10, "flops": 1e11, "overhead_s": 0.03,
-                                                   "draft_steps": {"eagle3": [0.01, 0.001]}}}))
+                                                   "draft_steps": {"eagle3": [0.01, 0.001]},
+                                                   "k0_overhead": {"draft_model": 0.15}}}))
     hw = hardware.get("cpu", p)
     assert hw.overhead_s == 0.03 and hw.draft_steps["eagle3"] == (0.01, 0.001)
+    # a step without drafts costs what was measured at k = 0: 15% over plain for the draft model, nothing for
+    # a method not measured (no k0_steps), and k0_steps drafter steps where the calibration is silent
+    plain = spec_step(Q8, None, hw, 8, 0, 512)
+    assert spec_step(Q8, Drafter("draft_model"), hw, 8, 0, 512) == pytest.approx(plain * 1.15)
+    assert spec_step(Q8, Drafter("ngram"), hw, 8, 0, 512) == pytest.approx(plain)
+    assert spec_step(Q8, Drafter("eagle3", k0_steps=1), hw, 8, 0, 512) == pytest.approx(plain + 0.01 + 0.008)
     with pytest.raises(SystemExit):
         hardware.get("cpu", tmp_path / "missing.json")
 
