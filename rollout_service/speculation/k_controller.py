@@ -17,7 +17,9 @@ is the safe choice, so drafting must beat it by `margin`. A decision holds for `
 
 Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
 - a bucket's cells are measured in the order k = 0, 1, 2, ...; once a k is clearly worse than k = 0 (below
-  `give_up` of its rate), larger ks (which cost more still) are not tried;
+  `give_up` of its rate), larger ks (which cost more still) are not tried, nor are they before the acceptance is
+  known (a k > 1 step where verifying is dear costs 2-3 plain steps, and n-gram's acceptance is often too low to
+  pay for any of them);
 - while drafting, k = 0 is re-measured every `refresh_every` decisions of that bucket, so the comparison is made
   against a reference of the same hour, not of the morning;
 - a neighbour of the best k is re-tried every `explore_every` decisions, eight times less often when it looked
@@ -158,8 +160,8 @@ class KController:
             if cell is None or cell.n < self.min_obs:
                 return k
             ratio = self._ratio(b, k)
-            if k and ratio is not None and ratio < self.give_up:
-                break
+            if k and (ratio is None or ratio < self.give_up):
+                break                                    # clearly worse, or not comparable until acceptance is known
         if not self.acceptance_known():                  # draft with the cheapest k > 0 until acceptance is known
             return min(range(1, self.k_max + 1),
                        key=lambda k: self.cells[(b, k)].seconds if (b, k) in self.cells else float("inf"))
