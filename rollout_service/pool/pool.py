@@ -68,9 +68,9 @@ class EnginePool:
 
     # ---- engines' lifecycle: the only place (besides the engines themselves) that sets engine.state ---------
     def mark_unhealthy(self, engine: Engine, why: str) -> None:
-        """Take `engine` out of service; pool.supervisor restarts it."""
-        if engine.state is not EngineState.UNHEALTHY:
-            log.error("%s: %s; marked unhealthy", engine.id, why)
+        """Take `engine` out of service (an engine that failed mid-generate has already said so itself);
+        pool.supervisor restarts it."""
+        log.error("%s: %s", engine.id, why)
         engine.state = EngineState.UNHEALTHY
 
     async def restart(self, engine: Engine, catch_up: Callable[[Engine], Awaitable[None]]) -> bool:

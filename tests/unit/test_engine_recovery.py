@@ -5,6 +5,7 @@ import grpc
 import pytest
 import torch
 
+from rollout_service.engine.base import EngineState
 from tests.fake_engine import FakeEngine
 from rollout_service.errors import ServiceError
 from rollout_service.pool.supervisor import Supervisor
@@ -103,4 +104,20 @@ def test_scale_out_starts_at_the_committed_versions_and_scale_in_drops_nothing(m
         with pytest.raises(ServiceError) as err:
             await scaler.scale(0)
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    asyncio.run(main())
+
+
+def test_a_dead_engine_is_logged_with_its_reason_even_when_it_marked_itself_unhealthy(make_service, caplog):
+    """vLLM's engine marks itself UNHEALTHY when generate fails on a dead core, before the supervisor looks;
+    the supervisor still logs why it restarts it (operators, and test_faults, read "engine core died" there)."""
+    async def main():
+        pool, svc = await make_service()
+        dead = pool.engines[0]
+        dead.kill()
+        dead.state = EngineState.UNHEALTHY
+        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        with caplog.at_level("ERROR", logger="rollout_service.pool.pool"):
+            assert sup.check() == ["e0"]
+        await asyncio.gather(*sup.restarting.values())
+        assert "e0: engine is dead (killed)" in caplog.text and dead.state is EngineState.READY
     asyncio.run(main())
