@@ -110,11 +110,12 @@ def why(w: dict, cal: dict) -> str:
             + (" Drafter steps are fitted per method at k = 1 and 3 over all batch sizes, verifying k + 1 tokens "
                "comes from the plain-step roofline, and what vLLM adds beyond those (n-gram lookups, the "
                "controller's exploration and k switches) is not modelled." if not cal.get("drafter_cost") else "")
-            + (" n-gram drafting is modelled as free: nothing calibrates it (no PyTorch forward to time, and vLLM's "
-               "synthetic acceptance does not work on CPU), while vLLM's n-gram path on CPU costs much more than "
-               "its lookup, even in steps that draft nothing (auto cells where the controller settled on k = 0 "
-               "still ran at 0.67-0.74x in the 2026-11-25 run; docs/benchmarks.md, Speculation on vs off: not profiled)."
-               if w["method"] == "ngram" else "")
+            + (" The n-gram cells with the controller (auto) are the service's, not the model's: in that run vLLM's"
+               " n-gram engine under the k controller ran at 0.67-0.74x even where it settled on k = 0 (8, 32 and 64"
+               " sequences), while n-gram at k = 0 by schedule runs like a plain engine (k0_overhead 0 in the"
+               " calibration); the controller's cells were poisoned by a warm-up step and it measured every k before"
+               " knowing the acceptance (both fixed after that run; docs/benchmarks.md)."
+               if w["method"] == "ngram" and w["k"] == "auto" else "")
             + (" This is an interim calibration (bench/calibrate_cpu.py --from-table): its drafter steps are "
                "PyTorch forwards timed outside vLLM (cost c) and it has no verify step wider than one token, so "
                "vLLM's own drafting overhead and the cost of k + 1 query tokens per sequence are extrapolated, "
