@@ -191,22 +191,20 @@ async def run(args) -> dict:
     plain = await start(model, SpeculationConfig())
     drafters = {"eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")),
                 "draft_model": args.draft_model or str(default_drafter_dir("draft_model")), "ngram": ""}
-    for method in args.methods.split(","):
-        if method != "ngram" and not Path(drafters[method]).exists():
-            print(f"  {method}: no drafter at {drafters[method]}; skipped", flush=True)
-            continue
-        cal.setdefault("drafters", {})[method] = drafters[method]
-        try:
+    try:
+        for method in args.methods.split(","):
+            if method != "ngram" and not Path(drafters[method]).exists():
+                print(f"  {method}: no drafter at {drafters[method]}; skipped", flush=True)
+                continue
+            cal.setdefault("drafters", {})[method] = drafters[method]
             for k in [0] + [int(x) for x in args.ks.split(",")]:
                 # k = 0: drafting off at every batch size (k_by_batch_size), what a step without drafts costs
                 spec = SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=max(k, 1),
                                          k_control="fixed", k_by_batch_size=[(1, OPEN_BATCH, 0)] if k == 0 else [])
                 for r in await measure(model, spec, prompts, batches, args.tokens, f"{method} k={k}", plain):
                     cal["spec"].append({"method": method, "k": k, **r})
-        except BaseException:
-            await plain.shutdown()
-            raise
-    await plain.shutdown()
+    finally:
+        await plain.shutdown()
     # the plain step at each batch size: the median of every plain measurement paired above
     import statistics
 

@@ -14,19 +14,26 @@ def hold_the_loop_for(seconds: float) -> None:
     time.sleep(seconds)                  # a blocking call on the event loop
 
 
-def test_a_held_loop_is_measured_exported_and_named(caplog):
+def watch(caplog, hold, settle_s: float) -> tuple[LoopWatchdog, CollectorRegistry]:
+    """Run a watchdog (50 ms timer scaled down to 20 ms, warning above 0.1 s) on a fresh loop, let it settle for
+    `settle_s` (the loop must not have been held yet), call the blocking `hold` on the loop, then stop it."""
     registry = CollectorRegistry()
     dog = LoopWatchdog(registry, interval_s=0.02, warn_s=0.1)
 
     async def main():
         task = asyncio.create_task(dog.run())
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(settle_s)
         assert dog.max_lag < 0.1
-        hold_the_loop_for(0.4)
+        hold()
         await asyncio.sleep(0.1)
         task.cancel()
     with caplog.at_level(logging.WARNING, logger="rollout_service.server.loop_watchdog"):
         asyncio.run(main())
+    return dog, registry
+
+
+def test_a_held_loop_is_measured_exported_and_named(caplog):
+    dog, registry = watch(caplog, lambda: hold_the_loop_for(0.4), 0.2)
     assert 0.35 < dog.max_lag < 1.0
     text = generate_latest(registry).decode()
     assert f"rollout_event_loop_lag_max_seconds {dog.max_lag}" in text
@@ -44,17 +51,7 @@ def collect_a_big_heap() -> None:
 
 
 def test_a_loop_held_by_the_garbage_collector_says_so_and_a_frozen_heap_is_not_walked(caplog):
-    registry = CollectorRegistry()
-    dog = LoopWatchdog(registry, interval_s=0.02, warn_s=0.1)
-
-    async def main():
-        task = asyncio.create_task(dog.run())
-        await asyncio.sleep(0.1)
-        collect_a_big_heap()
-        await asyncio.sleep(0.1)
-        task.cancel()
-    with caplog.at_level(logging.WARNING, logger="rollout_service.server.loop_watchdog"):
-        asyncio.run(main())
+    dog, registry = watch(caplog, collect_a_big_heap, 0.1)
     assert dog._on_gc not in gc.callbacks                   # the callback leaves with the watchdog
     text = generate_latest(registry).decode()
     assert re.search(r'rollout_gc_pause_seconds_count\{generation="2"\} [1-9]', text), text

@@ -291,8 +291,12 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, renames) 
 
 
 async def _serve(request: Request, parse, renames) -> Response:
-    gw = gateway(request)
     req, opts = parse(json_body(await request.body()))
+    return await _answer(request, gateway(request), req, opts, renames)
+
+
+async def _answer(request: Request, gw, req, opts, renames) -> Response:
+    """A parsed request's samples: as server-sent events when it asked to stream, else one JSON body."""
     if opts.stream:
         return await _stream(gw, req, opts, renames)
     return await until_disconnect(request, _collect(gw, req, opts, renames))
@@ -337,9 +341,7 @@ async def chat_completions(request: Request):
         limit = gw.servicer.limits.max_new_tokens
         req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
     req.prompts.append(pb.Prompt(token_ids=ids))
-    if opts.stream:
-        return await _stream(gw, req, opts, CHAT_RENAMES)
-    return await until_disconnect(request, _collect(gw, req, opts, CHAT_RENAMES))
+    return await _answer(request, gw, req, opts, CHAT_RENAMES)
 
 
 @router.post("/inference/v1/generate")
