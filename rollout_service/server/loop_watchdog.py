@@ -107,8 +107,23 @@ class LoopWatchdog:
             if held <= self.warn_s or reported == beat:
                 continue
             reported = beat
-            frame = sys._current_frames().get(loop_thread)
+            frames = sys._current_frames()
+            frame = frames.pop(loop_thread, None)
             if frame is None:
                 continue
-            self._sampled = "".join(traceback.format_stack(frame)[-STACK_FRAMES:]).rstrip()
+            self._sampled = "".join(traceback.format_stack(frame)[-STACK_FRAMES:]).rstrip() + _busy_threads(frames)
             log.warning("the event loop has been held for %.2f s so far, in:\n%s", held, self._sampled)
+
+
+IDLE_FILES = ("threading.py", "queue.py", "selectors.py", "thread.py")   # where idle threads wait
+
+
+def _busy_threads(frames: dict) -> str:
+    """The other threads that are not waiting: when the loop's own stack is idle code (asyncio's run_once),
+    the loop was waiting for the GIL, and the thread that held it (a C call that keeps the GIL, in a worker
+    thread) is among these."""
+    me = threading.get_ident()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    busy = [f"\n  thread {names.get(tid, tid)}:\n" + "".join(traceback.format_stack(f)[-3:]).rstrip()
+            for tid, f in frames.items() if tid != me and not f.f_code.co_filename.endswith(IDLE_FILES)]
+    return ("\n other threads running:" + "".join(busy)) if busy else ""

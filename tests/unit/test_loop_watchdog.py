@@ -3,11 +3,13 @@ import asyncio
 import gc
 import logging
 import re
+import sys
+import threading
 import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rollout_service.server.loop_watchdog import LoopWatchdog, freeze_startup_heap
+from rollout_service.server.loop_watchdog import LoopWatchdog, _busy_threads, freeze_startup_heap
 
 
 def hold_the_loop_for(seconds: float) -> None:
@@ -70,3 +72,26 @@ def test_a_loop_held_by_the_garbage_collector_says_so_and_a_frozen_heap_is_not_w
         assert time.perf_counter() - t0 < walked          # the frozen million is no longer walked
     finally:
         gc.unfreeze()
+
+
+def spin_in_python(stop) -> None:
+    while not stop.is_set():
+        sum(range(1000))
+
+
+def test_a_stall_names_the_worker_threads_that_were_running_and_not_the_idle_ones():
+    """A loop starved of the GIL sits in asyncio's own code; the thread holding the GIL is the culprit."""
+    stop, idle = threading.Event(), threading.Event()
+    busy = threading.Thread(target=spin_in_python, args=(stop,), name="hog")
+    waiting = threading.Thread(target=idle.wait, name="sleeper")
+    busy.start(), waiting.start()
+    try:
+        time.sleep(0.05)
+        frames = sys._current_frames()
+        frames.pop(threading.get_ident())
+        text = _busy_threads(frames)
+    finally:
+        stop.set(), idle.set()
+        busy.join(), waiting.join()
+    assert "thread hog:" in text and "spin_in_python" in text, text
+    assert "sleeper" not in text, text
