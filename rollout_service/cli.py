@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     _serve_args(sub)
     p = sub.add_parser("prepare-model", help="convert the packaged SmolLM2-135M-Instruct GGUF into a cached "
-                                             "Hugging Face directory (once, ~30 s)")
+                                             "Hugging Face directory (once, ~30 s); prints its directory")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     d = sub.add_parser("demo", help="start the service on the default model and stream a batch of samples")
     d.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
@@ -62,16 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     simulate_args(sub.add_parser("simulate", help="project speculation and RL step times onto GPUs (or this CPU) "
                                                   "from per-position acceptance: the performance model"))
-    pd = sub.add_parser("prepare-drafter", help="train a drafter for the default model on its own samples of the "
-                                                 "trainer task (once, cached; minutes on CPU): a distilled 2-layer "
-                                                 "draft model or an EAGLE-3 head")
+    pd = sub.add_parser("prepare-drafter",
+                        help="train a drafter for the default model on its own samples of the arithmetic task, the "
+                             "bundled trainer's (once, cached; minutes on CPU): a distilled 2-layer draft model or "
+                             "an EAGLE-3 head; prints its directory")
     pd.add_argument("--kind", default="draft_model", choices=["draft_model", "eagle3"])
     pd.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
     pd.add_argument("--out", help="output directory (default: the cache)")
     pd.add_argument("--layers", type=int, default=2, help="draft_model: decoder layers kept")
     pd.add_argument("--prompts", type=int, default=192)
     pd.add_argument("--max-tokens", type=int, default=128)
-    pd.add_argument("--epochs", type=int, help="default: 4 (draft_model), 10 (eagle3)")
+    pd.add_argument("--epochs", type=int, help="default: 4 (draft_model), 10 (eagle3); 0 (draft_model): the "
+                                               "target's first --layers layers as they are, in seconds")
     pd.add_argument("--force", action="store_true")
     v = sub.add_parser("verify-lossless", help="prove speculative sampling matches plain sampling (G-tests) and "
                                                "that returned log-probs match an independent forward pass")
@@ -185,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             print(prepare_eagle3_head(resolve_model(args.model), out, prompts=args.prompts,
                                       max_tokens=args.max_tokens, epochs=args.epochs or 10, force=args.force))
         else:
+            epochs = 4 if args.epochs is None else args.epochs
             print(prepare_draft_model(resolve_model(args.model), out, layers=args.layers, prompts=args.prompts,
-                                      max_tokens=args.max_tokens, epochs=args.epochs or 4, force=args.force))
+                                      max_tokens=args.max_tokens, epochs=epochs, force=args.force))
         return 0
     if args.cmd == "verify-lossless":
         return cmd_verify_lossless(args)

@@ -18,7 +18,7 @@ DEMO_PROMPTS = [
 
 def run_demo(model: str, num_prompts: int, n: int, max_tokens: int) -> int:
     from rollout_client import RolloutClient
-    from rollout_service.launcher import ServiceProcess
+    from rollout_client.launcher import ServiceProcess
 
     prompts = [DEMO_PROMPTS[i % len(DEMO_PROMPTS)] for i in range(num_prompts)]
     print(f"starting rollout-service on {model} (engine start takes ~40-80 s on CPU; log: rollout-demo.log)")

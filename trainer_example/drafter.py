@@ -17,22 +17,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rollout_client.launcher import run_command
+
 
 def build_initial_drafter(policy_dir: str, out: Path, layers: int = 2) -> Path:
     """A drafter made of the policy's first `layers` decoder layers (its embeddings, norm and head):
-    seconds to build, weak until it is distilled (offline with `rollout-service prepare-drafter`, or online)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rollout_service.models import save_atomically
-    from rollout_service.drafting.drafters import build_student
-
-    if (out / "config.json").exists():
-        return out
-    policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-    student = build_student(policy, layers)
-    student.config.torch_dtype = torch.float32
-    save_atomically(student, AutoTokenizer.from_pretrained(policy_dir), out)
-    return out
+    `rollout-service prepare-drafter --epochs 0`, seconds to build (cached in `out`), weak until it is
+    distilled (offline with `rollout-service prepare-drafter`, or online)."""
+    return Path(run_command("prepare-drafter", "--model", policy_dir, "--out", str(out),
+                            "--layers", str(layers), "--epochs", "0"))
 
 
 class OnlineDrafter:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainer_example.task import Problem, correct, extract_answer, reward
+from rollout_tasks.arithmetic import Problem, correct, extract_answer, reward
 
 
 @dataclass

@@ -12,7 +12,8 @@ One step, top to bottom:
                 logits teach the drafter (drafter.py); KL to the start policy on --kl-samples sequences
   4. push       the new policy weights every step (PushWeights), the drafter every --draft-every steps
                 (UpdateDraft); then evaluate on held-out problems every --eval-every steps
-The trainer talks to the service only through `rollout_client`.
+The trainer talks to the service only through `rollout_client` (its RPCs, and its launcher for the
+`rollout-service` commands: serve, prepare-model, prepare-drafter).
 """
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from rollout_client import RolloutClient
+from rollout_client.launcher import ServiceProcess, run_command
+from rollout_tasks.arithmetic import correct, extract_answer, split
 from trainer_example import grpo
 from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, drop_stale, generate_batch,
                                       micro_batches, pack)
-from trainer_example.task import correct, extract_answer, split
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -296,23 +298,17 @@ def step_line(r: dict) -> str:
 
 
 def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
-    """--drafter; else for the default model the distilled drafter, prepared once with `rollout-service
-    prepare-drafter` (progress bars, ~7-12 min on 2 cores, cached for every later run); else (a --model of your
+    """--drafter; else for the default model the distilled drafter, `rollout-service prepare-drafter` (the
+    first time with progress bars, ~7-12 min on 2 cores; cached for every later run); else (a --model of your
     own) one cut from the policy's first two layers in seconds, weak until adapted online."""
     if args.speculation != "draft_model":
         return None
     if args.drafter:
         return args.drafter
-    from rollout_service.drafting.drafters import default_drafter_dir
+    if not args.model:
+        return run_command("prepare-drafter")
     from trainer_example.drafter import build_initial_drafter
 
-    cached = default_drafter_dir("draft_model")
-    if not args.model:
-        if not (cached / "config.json").exists():
-            print("preparing the default drafter once (distilled from the policy's own samples; cached for later "
-                  "runs): rollout-service prepare-drafter", flush=True)
-            subprocess.run([sys.executable, "-m", "rollout_service.cli", "prepare-drafter"], check=True)
-        return str(cached)
     return str(build_initial_drafter(policy_dir, out / "drafter-init"))
 
 
@@ -321,13 +317,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: the service this trainer started is stopped cleanly.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from rollout_client import RolloutClient
-    from rollout_service.launcher import ServiceProcess
-    from rollout_service.models import prepare_default_model
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy_dir = args.model or str(prepare_default_model())
+    policy_dir = args.model or run_command("prepare-model")
     if args.target:
         with RolloutClient(args.target) as client:
             drafter = args.drafter if client.status().speculation_method == "draft_model" else None

@@ -2,7 +2,8 @@
 
 draft_model: a 2-layer model that shares SmolLM2's tokenizer, embeddings and head, initialised from the
 target's first layers and distilled (KL to the target's full next-token distribution) on the target's
-own samples for the trainer example's task: the RL domain the drafter has to predict.
+own samples of the arithmetic task (rollout_tasks/arithmetic.py, the bundled trainer's): the RL domain the
+drafter has to predict. `epochs=0` skips distillation (the target's first layers as they are, in seconds).
 eagle3: an EAGLE-3 head trained on the target's hidden states (three layers) and next-token distributions
 for the same samples (rollout_service/drafting/eagle3.py).
 """
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from rollout_service.models import cache_dir, save_atomically
+from rollout_tasks.arithmetic import split
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +27,7 @@ def default_drafter_dir(kind: str = "draft_model") -> Path:
 
 
 def task_prompts(tokenizer, n: int, start: int = 0) -> list[list[int]]:
-    from trainer_example.task import split
-
+    """Chat-templated token ids of `n` arithmetic problems (training seeds from `start`)."""
     out = []
     for p in split(n, start=start):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
@@ -139,23 +140,27 @@ def target_samples(target_dir: str, prompts: int, max_tokens: int) -> list:
 def prepare_draft_model(target_dir: str, out: Path | None = None, *, layers: int = 2, prompts: int = 192,
                         max_tokens: int = 128, epochs: int = 4, lr: float = 1e-3, batch: int = 8,
                         force: bool = False) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     out = out or default_drafter_dir("draft_model")
     if (out / "config.json").exists() and not force:
         return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     t0 = time.perf_counter()
+    if epochs:
+        print(f"preparing a {layers}-layer drafter of {target_dir} once (distilled on its own samples; "
+              f"cached in {out})", flush=True)
     tok = AutoTokenizer.from_pretrained(target_dir)
-    data = target_samples(target_dir, prompts, max_tokens)
+    data = target_samples(target_dir, prompts, max_tokens) if epochs else []
     torch.set_num_threads(os.cpu_count() or 1)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     student = build_student(target, layers)
-    losses = distill(target, student, data, epochs=epochs, lr=lr, batch=batch)
+    losses = distill(target, student, data, epochs=epochs, lr=lr, batch=batch) if epochs else []
     student.config.torch_dtype = torch.float32
     save_atomically(student, tok, out)
-    print(f"drafter saved to {out} in {time.perf_counter() - t0:.0f} s (KL first batch {losses[0]:.3f}, "
-          f"last {losses[-1]:.3f})", flush=True)
+    print(f"drafter saved to {out} in {time.perf_counter() - t0:.0f} s"
+          + (f" (KL first batch {losses[0]:.3f}, last {losses[-1]:.3f})" if losses else " (not distilled)"),
+          flush=True)
     return out
 
 

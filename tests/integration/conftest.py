@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rollout_client import RolloutClient
-from rollout_service.launcher import ServiceProcess
+from rollout_client.launcher import ServiceProcess
 from tests.tiny_models import build_tiny_model
 
 SERVICE_ARGS = ["--max-queue", "64", "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32",

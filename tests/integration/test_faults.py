@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from rollout_client import RolloutClient
 from rollout_client.weights import push_stream
+from rollout_client.launcher import ServiceProcess
 from rollout_service.api import pb
-from rollout_service.launcher import ServiceProcess
 from tests.tiny_models import perturbed_copy
 from rollout_service.drafting.reference import processed_logprobs
 from tests.integration.conftest import SERVICE_ARGS, wait_for

@@ -5,7 +5,7 @@ import time
 
 import psutil
 
-from rollout_service.launcher import ServiceProcess
+from rollout_client.launcher import ServiceProcess
 from tests.integration.conftest import SERVICE_ARGS
 
 

@@ -12,7 +12,8 @@ import pytest
 from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
-from rollout_service.launcher import LocalRayCluster, ServiceProcess
+from rollout_client.launcher import ServiceProcess
+from rollout_service.launcher import LocalRayCluster
 from tests.tiny_models import perturbed_copy
 from tests.integration.conftest import SERVICE_ARGS, wait_for
 

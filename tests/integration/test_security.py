@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
-from rollout_service.launcher import ServiceProcess
+from rollout_client.launcher import ServiceProcess
 from tests.integration.conftest import SERVICE_ARGS
 from tests.pki import make_pki
 

@@ -11,7 +11,7 @@ import grpc
 import psutil
 
 from rollout_client import RolloutClient
-from rollout_service.launcher import ServiceProcess
+from rollout_client.launcher import ServiceProcess
 from tests.integration.conftest import SERVICE_ARGS
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rollout_client import RolloutClient
+from rollout_client.launcher import ServiceProcess
 from rollout_service.config import SpeculationConfig
-from rollout_service.launcher import ServiceProcess
 from tests.tiny_models import perturbed_copy
 from rollout_service.drafting.lossless import check_lossless, sample_plain
 from tests.integration.conftest import SERVICE_ARGS
@@ -144,11 +144,17 @@ def eagle3_head(tiny_model, tmp_path_factory):
                           lr=3e-3, draft_vocab_size=256, holdout=8, progress=False)
 
 
-def test_eagle3_speculation_is_lossless(tiny_model, eagle3_head, plain):
-    report = check_lossless(str(tiny_model), spec(eagle3_head, "eagle3"), PROMPTS, plain=plain, **ARGS)
+@pytest.mark.parametrize("k_control", ["fixed", "auto"])
+def test_eagle3_speculation_is_lossless(tiny_model, eagle3_head, plain, k_control):
+    """auto: the controller switches k between 0 and drafting, and at k = 0 the head's pass is skipped
+    (k0_fastpath._skip_idle_eagle), so later drafts read a KV cache with gaps: samples must still follow the plain
+    distribution."""
+    report = check_lossless(str(tiny_model), spec(eagle3_head, "eagle3", k_control), PROMPTS, plain=plain, **ARGS)
     print(report.render())
     assert report.passed, report.render()
     assert report.acceptance_rate > 0.05, "the trained head should be accepted some of the time"
+    if k_control == "auto":
+        assert report.k_steps[0] > 0 and sum(report.k_steps[1:]) > 0, report.k_steps
 
 
 def test_eagle3_head_update_moves_acceptance(tiny_model, eagle3_head, tmp_path):

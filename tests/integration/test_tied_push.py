@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollout_client import RolloutClient
-from rollout_service.launcher import ServiceProcess
+from rollout_client.launcher import ServiceProcess
 from tests.tiny_models import build_tiny_model
 from rollout_service.drafting.reference import processed_logprobs
 from tests.integration.conftest import SERVICE_ARGS

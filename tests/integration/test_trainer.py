@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rollout_client import RolloutClient
-from rollout_service.launcher import ServiceProcess
+from rollout_client.launcher import ServiceProcess
 from tests.integration.conftest import SERVICE_ARGS
 from trainer_example.drafter import build_initial_drafter
 from trainer_example.train import main as train_main

@@ -23,7 +23,7 @@ def test_docker_check_catches_an_unknown_flag(tmp_path):
         shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__", "secrets"))
     for f in ("pyproject.toml", ".dockerignore", "README.md"):
         shutil.copy(ROOT / f, tmp_path / f)
-    for d in ("proto", "clients", "trainer_example", "constraints", "scripts"):
+    for d in ("proto", "clients", "rollout_tasks", "trainer_example", "constraints", "scripts"):
         (tmp_path / d).symlink_to(ROOT / d)
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     compose = tmp_path / "docker" / "compose.yaml"

@@ -1,4 +1,5 @@
-from trainer_example.task import EVAL_SEED_OFFSET, correct, extract_answer, final_answer, make_problem, reward, split
+from rollout_tasks.arithmetic import (EVAL_SEED_OFFSET, correct, extract_answer, final_answer, make_problem,
+                                      reward, split)
 
 
 def test_problems_are_deterministic_and_checkable():

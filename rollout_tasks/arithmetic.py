@@ -1,4 +1,5 @@
 """A verifiable task generated locally: arithmetic word problems (1 to 3 operations) with a checkable answer.
+The bundled trainer's task and the default drafter's training prompts (rollout_tasks/__init__.py).
 
 Pure functions: make_problem(seed) is deterministic, reward(text, answer) depends only on its inputs.
 The evaluation split uses seeds disjoint from training (see split()).
