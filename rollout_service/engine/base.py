@@ -22,7 +22,7 @@ class Engine(abc.ABC):
         self.id = engine_id
         self.state = EngineState.STARTING
         self.location = "local"
-        self.policy_version = 0
+        self.policy_version = 0           # labels: the committed versions the pool last gave it (set_versions)
         self.draft_version = 0
         self.restarts = 0                 # times the supervisor brought it back after it died
 

@@ -35,6 +35,9 @@ class EnginePool:
         self.live: set[RequestRecord] = set()            # unfinished requests, with or without an id
         self.draining: set[str] = set()                  # engines being scaled in: no new work
         self.joining: set[str] = set()                   # engines being scaled out: not ready yet
+        # The committed versions: the one record of what the service serves (GetStatus, admission, metrics).
+        # Only the weight committer changes them, through label(), which also tells the engines.
+        self.versions = {"policy": 0, "drafter": 0}
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -130,15 +133,18 @@ class EnginePool:
 
     @property
     def policy_version(self) -> int:
-        return min(e.policy_version for e in self._serving())
+        return self.versions["policy"]
 
     @property
     def draft_version(self) -> int:
-        return min(e.draft_version for e in self._serving())
+        return self.versions["drafter"]
 
-    def _serving(self) -> list[Engine]:
-        """Engines whose versions count: not one starting or restarting (labelled once it caught up)."""
-        return [e for e in self.engines if e.state in (EngineState.READY, EngineState.PAUSED)] or self.engines
+    async def label(self, engines: list[Engine], **committed: int) -> None:
+        """Record newly committed versions (`policy=`, `drafter=`; none: a restarted engine catching up) and
+        label `engines` with them: their samples carry them from the next step on. Every serving engine holds
+        the committed versions (a commit lands on all of them or on none): its label is a copy, not a vote."""
+        self.versions.update(committed)
+        await asyncio.gather(*(e.set_versions(self.policy_version, self.draft_version) for e in engines))
 
     # ---- data plane ------------------------------------------------------------------------------
     def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]]) -> RequestRecord:

@@ -46,7 +46,6 @@ class WeightCommitter:
         self.checkpoints = checkpoints            # target -> original checkpoint dir (None: no such target)
         self.state_dir = state_dir
         self.lock = asyncio.Lock()
-        self.versions = {"policy": 0, "drafter": 0}
         self.overlay: dict[str, dict[str, Path]] = {"policy": {}, "drafter": {}}   # name -> file with its value
         self.held: str | None = None              # an operator's pause (HTTP /pause): its in-flight mode
 
@@ -70,10 +69,10 @@ class WeightCommitter:
         if self.checkpoints.get(target) is None:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"this server has no {target} to update (start it with speculation configured)")
-        if version <= self.versions[target]:
+        if version <= self.pool.versions[target]:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"{target} version {version} is not newer than the serving version "
-                               f"{self.versions[target]}; versions must strictly increase")
+                               f"{self.pool.versions[target]}; versions must strictly increase")
 
     async def commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
                      keep_files: bool) -> CommitResult:
@@ -124,11 +123,9 @@ class WeightCommitter:
                 raise ServiceError(grpc.StatusCode.INTERNAL,
                                    f"commit of {target} version {version} failed on {failed.id} "
                                    f"({type(err).__name__}: {err}); every engine still serves {target} version "
-                                   f"{self.versions[target]}") from err
+                                   f"{self.pool.versions[target]}") from err
             apply_s = time.perf_counter() - t_apply
-            self.versions[target] = version
-            await asyncio.gather(*(e.set_versions(self.versions["policy"], self.versions["drafter"])
-                                   for e in engines))
+            await self.pool.label(engines, **{target: version})
             if not held:
                 await asyncio.gather(*(e.resume() for e in engines))
             pause_s = time.perf_counter() - t_apply
@@ -151,7 +148,7 @@ class WeightCommitter:
         raise ServiceError(grpc.StatusCode.INTERNAL,
                            f"loading {target} version {version} failed on {engine.id} ({type(err).__name__}: "
                            f"{err}); nothing was applied, every engine still serves {target} version "
-                           f"{self.versions[target]}") from err
+                           f"{self.pool.versions[target]}") from err
 
     async def restart_at_committed(self, engine) -> None:
         """Bring an engine (unhealthy, or new) up at the committed versions: the pool restarts it and this
@@ -162,13 +159,13 @@ class WeightCommitter:
                 if self.held is not None:             # an operator's pause covers it too
                     await engine.pause(self.held)
                 log.info("%s restarted at policy version %d, drafter version %d", engine.id,
-                         self.versions["policy"], self.versions["drafter"])
+                         self.pool.policy_version, self.pool.draft_version)
 
     async def _catch_up(self, engine) -> None:
         for target in ("policy", "drafter"):
             for f in sorted(set(self.overlay[target].values())):
                 await engine.load_weights(str(f), target)
-        await engine.set_versions(self.versions["policy"], self.versions["drafter"])
+        await self.pool.label([engine])
 
     def _remember(self, files: list[Path], names: list[str], target: str, version: int, keep: bool) -> None:
         """Record where each committed tensor's value lives, for rollback and engine restarts."""

@@ -133,7 +133,7 @@ class Gateway:
         version None: the next integer after the serving one."""
         weights = self.servicer.weights
         if version is None:
-            version = weights.committer.versions["policy"] + 1
+            version = self.pool.policy_version + 1
         try:
             out = await weights.load(path, version, "policy", mode, False)
         except ServiceError as e:
