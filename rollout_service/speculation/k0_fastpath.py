@@ -15,6 +15,16 @@ And the n-gram proposer is not run for a step that drafts nothing (k = 0): vLLM 
 sequence's history for a match (numba, in threads that compete with the model's on these cores) and then drafts
 zero tokens from it. It keeps no state, so skipping it changes nothing else.
 
+And the EAGLE-3 head's forward pass is not run for a step that drafts nothing: vLLM 0.32 still runs it (to write the
+head's KV cache for the step's positions, in case drafting resumes) and then returns no draft. That pass, its
+attention metadata and its inputs cost an EAGLE-3 engine about 13-15% of a plain engine's throughput at 32
+sequences with k = 0 at every step (bench/k_zero.py, 2026-11-25). Skipping it leaves the head's KV cache unwritten
+for those positions; when the controller drafts again (a batch's tail) the head attends to stale entries there.
+Its input at each position is the target's own hidden states of that position, so it still drafts, with
+whatever acceptance that leaves, which the controller measures and acts on (bench/k_zero.py --auto prints it).
+A draft model keeps its pass: it has no other context than its own KV cache. Set ROLLOUT_K0_KEEP_DRAFTER_KV=1
+to run the head's pass as vLLM does.
+
 Sampling is unchanged in distribution (a zero-draft rejection step emits exactly the target's sample for each
 sequence), and the losslessness check covers it: tests/integration/test_speculation.py runs it with the k
 controller switching between 0 and 3. Set ROLLOUT_DISABLE_K0_FASTPATH=1 to measure without it.
@@ -26,6 +36,7 @@ import os
 
 log = logging.getLogger(__name__)
 DISABLE_ENV = "ROLLOUT_DISABLE_K0_FASTPATH"
+KEEP_KV_ENV = "ROLLOUT_K0_KEEP_DRAFTER_KV"
 
 
 def _no_drafts(scheduler_output) -> bool:
@@ -56,6 +67,8 @@ def install() -> bool:
     _prepare_inputs._rollout_k0_fastpath = True
     GPUModelRunner._prepare_inputs = _prepare_inputs
     _skip_idle_ngram()
+    if os.environ.get(KEEP_KV_ENV) != "1":
+        _skip_idle_eagle()
     log.info("installed the k = 0 fast path: steps without drafts sample like a plain engine")
     return True
 
@@ -71,3 +84,22 @@ def _skip_idle_ngram() -> None:
         return original(self, num_speculative_tokens, sampled_token_ids, *args, **kwargs)
 
     NgramProposer.propose = propose
+
+
+def _skip_idle_eagle() -> None:
+    import torch
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    original = EagleProposer.propose
+
+    def propose(self, num_speculative_tokens, *args, **kwargs):
+        if num_speculative_tokens == 0:
+            self.num_speculative_tokens = 0
+            self._last_draft_probs = None
+            cad = kwargs.get("common_attn_metadata")
+            if cad is None:
+                cad = args[5]                  # propose's positional order after k (vLLM 0.32)
+            return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
+        return original(self, num_speculative_tokens, *args, **kwargs)
+
+    EagleProposer.propose = propose
