@@ -11,7 +11,16 @@
 #                                             speculation on/off, sync/async, drafter adaptation on/off;
 #                                             default 3 steps each (~35 min); run `rollout-service
 #                                             prepare-drafter` first, or the drafter is an undistilled cut
-#   bash bench/grpo_runs.sh report             plots and the side-by-side table into bench/results/grpo/
+#   bash bench/grpo_runs.sh compare-eagle3 [STEPS]
+#                                             the same batch shape against a service the script starts itself,
+#                                             plain or with the cached EAGLE-3 head and the k controller (the
+#                                             default, k = 0..3): sync and async; the head is not adapted online
+#                                             (the trainer adapts draft models only). Needs `rollout-service
+#                                             prepare-drafter --kind eagle3` first; ~35 min
+#   bash bench/grpo_runs.sh report [STEPS] [RUN...]
+#                                             plots and the side-by-side table into bench/results/grpo/ (the
+#                                             runs named, default the `compare` runs; the first is the baseline;
+#                                             OUT=DIR writes elsewhere)
 #
 # Each run writes runs/<name>/metrics.jsonl; a run stopped early (Ctrl-C) keeps the steps it finished.
 set -euo pipefail
@@ -21,6 +30,25 @@ what=${1:-}
 common=(--prompts 8 --group-size 8 --max-tokens 64 --lr 5e-6)
 compared=(sync-nospec sync-spec-adapt async-spec-adapt sync-spec-frozen)
 run() { name=$1; shift; echo "=== $name: $*"; rm -rf "runs/$name"; "$py" -m trainer_example.train "${common[@]}" --out "runs/$name" "$@"; }
+# against_service NAME "SERVE ARGS" TRAINER ARGS...: start `rollout-service serve` with SERVE ARGS, run the
+# trainer against it, stop it (also when the trainer fails)
+against_service() {
+  name=$1 serve_args=$2; shift 2
+  rm -rf "runs/$name"; mkdir -p "runs/$name"
+  read -r grpc http < <("$py" -c 'from rollout_service.launcher import free_port; print(free_port(), free_port())')
+  # shellcheck disable=SC2086
+  "$py" -m rollout_service.cli serve --grpc-port "$grpc" --http-port "$http" --dtype float32 $serve_args \
+      > "runs/$name/service.log" 2>&1 &
+  svc=$!
+  trap 'kill $svc 2>/dev/null; wait $svc 2>/dev/null' EXIT
+  until curl -sf "http://127.0.0.1:$http/readyz" > /dev/null; do
+    kill -0 $svc 2>/dev/null || { echo "the service failed to start: runs/$name/service.log"; exit 1; }
+    sleep 2
+  done
+  echo "=== $name (service: $serve_args): $*"
+  "$py" -m trainer_example.train "${common[@]}" --out "runs/$name" --target "127.0.0.1:$grpc" "$@"
+  kill $svc; wait $svc 2>/dev/null || true; trap - EXIT
+}
 case "$what" in
   accuracy)
     run accuracy-sync-nospec --mode sync --steps "${2:-16}" --lr "${3:-5e-6}" --eval-size 256 --eval-every 3 \
@@ -32,14 +60,24 @@ case "$what" in
     run sync-spec-adapt  --mode sync  "${short[@]}" --speculation draft_model --adapt-drafter
     run async-spec-adapt --mode async "${short[@]}" --speculation draft_model --adapt-drafter
     run sync-spec-frozen --mode sync  "${short[@]}" --speculation draft_model --no-adapt-drafter ;;
+  compare-eagle3)
+    steps=${2:-3}
+    short=(--steps "$steps" --prompts 4 --eval-size 16 --eval-every 1000)
+    head=$("$py" -c 'from rollout_service.drafting.drafters import default_drafter_dir; print(default_drafter_dir("eagle3"))')
+    [[ -s $head/config.json ]] || { echo "no EAGLE-3 head at $head: run rollout-service prepare-drafter --kind eagle3"; exit 1; }
+    against_service eagle3-sync-nospec "--speculation none" --mode sync "${short[@]}"
+    against_service eagle3-sync-auto "--speculation eagle3 --draft-model $head" --mode sync "${short[@]}"
+    against_service eagle3-async-auto "--speculation eagle3 --draft-model $head" --mode async "${short[@]}" ;;
   report)
-    out=bench/results/grpo
+    out=${OUT:-bench/results/grpo}
     mkdir -p "$out"
     dirs=()
     # sync-nospec first: the table's ratios are against it (the accuracy run has twice the batch: not comparable)
-    for d in "${compared[@]/#/runs/}" runs/accuracy-sync-nospec; do [[ -s $d/metrics.jsonl ]] && dirs+=("$d"); done
+    names=("${@:3}")
+    [[ ${#names[@]} -gt 0 ]] || names=("${compared[@]}" accuracy-sync-nospec)
+    for d in "${names[@]/#/runs/}"; do [[ -s $d/metrics.jsonl ]] && dirs+=("$d"); done
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
-  *) sed -n 2,16p "$0"; exit 2 ;;
+  *) sed -n 2,24p "$0"; exit 2 ;;
 esac

@@ -50,15 +50,19 @@ def main(argv=None) -> int:
         rows = read_jsonl(Path(d) / "metrics.jsonl")
         window = rows[1:args.steps] or rows[:1]
         table[Path(d).name] = (rows, {k: sum(r[k] for r in window) / len(window) for k in PHASES})
-    base = next(iter(table.values()))[1]["step_s"]
-    print(f"| run | generate s | recompute s | train s | push s | step s | step vs {next(iter(table))} "
-          f"| acceptance (first -> last step) | held-out accuracy (before -> end) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    first = next(iter(table))
+    base = table[first][1]
+    print(f"| run | generate s | generate vs {first} | recompute s | train s | push s | step s | step vs {first} "
+          f"| acceptance (first -> last step) | mean k chosen (first -> last step) | held-out accuracy (before -> end) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for name, (rows, m) in table.items():
         acc = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]
-        print(f"| {name} | {m['generate_s']:.1f} | {m['recompute_s']:.1f} | {m['train_s']:.1f} | {m['push_s']:.1f} "
-              f"| {m['step_s']:.1f} | {m['step_s'] / base:.2f} | "
+        ks = [r["k_mean"] for r in rows if r.get("k_mean") is not None]
+        gen = f"{m['generate_s'] / base['generate_s']:.2f}" if base["generate_s"] > 0 else "-"
+        print(f"| {name} | {m['generate_s']:.1f} | {gen} | {m['recompute_s']:.1f} | {m['train_s']:.1f} "
+              f"| {m['push_s']:.1f} | {m['step_s']:.1f} | {m['step_s'] / base['step_s']:.2f} | "
               + (f"{acc[0]:.2f} -> {acc[-1]:.2f}" if acc else "-") + " | "
+              + (f"{ks[0]:.2f} -> {ks[-1]:.2f}" if ks else "-") + " | "
               + accuracy_change(rows) + " |")
     return 0
 
