@@ -60,12 +60,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--kl-samples", type=int, default=16,
                     help="sequences per step on which KL to the start policy is estimated (a metric only)")
     ap.add_argument("--max-lag", type=int, default=1, help="async: never train on samples older than this")
-    ap.add_argument("--speculation", choices=["draft_model", "ngram", "none"], default="draft_model",
-                    help="when this command starts the service")
-    ap.add_argument("--drafter", help="draft model directory (default: the cached distilled drafter, else one "
-                                      "built from the policy's first 2 layers)")
+    ap.add_argument("--speculation", choices=["eagle3", "draft_model", "ngram", "none"], default="eagle3",
+                    help="when this command starts the service (k chosen per step by the service's controller): "
+                         "eagle3, an EAGLE-3 head (the fastest drafter here; not adapted online); draft_model, a "
+                         "small model adapted online toward the policy (--adapt-drafter)")
+    ap.add_argument("--drafter", help="drafter directory (default: `rollout-service prepare-drafter --kind "
+                                      "eagle3|draft_model`, cached; draft_model with --model: the policy's first 2 "
+                                      "layers)")
     ap.add_argument("--adapt-drafter", action=argparse.BooleanOptionalAction, default=True,
-                    help="train the drafter online toward the policy and push it with UpdateDraft")
+                    help="draft_model: train the drafter online toward the policy and push it with UpdateDraft")
     ap.add_argument("--draft-every", type=int, default=2, help="steps between drafter pushes")
     ap.add_argument("--drafter-lr", type=float, default=1e-4)
     ap.add_argument("--eval-every", type=int, default=5)
@@ -184,7 +187,7 @@ def speculation_summary(rollouts, before, after) -> dict:
     ran meanwhile (GetStatus k_control before and after generating: a histogram of k by engine step)."""
     drafted = sum(r.num_drafted for r in rollouts)
     accepted = sum(r.num_accepted for r in rollouts)
-    out = {"acceptance_rate": accepted / drafted if drafted else None,
+    out = {"acceptance_rate": accepted / drafted if drafted else None, "drafted": drafted,
            "draft_versions": sorted({r.draft_version for r in rollouts}),
            "draft_acceptance": list(after.acceptance), "k_mode": after.mode, "k_steps": [], "k_mean": None}
     steps = [a - (before.steps_by_k[k] if k < len(before.steps_by_k) else 0) for k, a in enumerate(after.steps_by_k)]
@@ -290,7 +293,8 @@ def step_line(r: dict) -> str:
             f"generate {r['generate_s']:5.1f}s  recompute {r['recompute_s']:5.1f}s  train {r['train_s']:5.1f}s  "
             f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
             f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}"
-            + (f" (per position {' '.join(f'{a:.2f}' for a in r['draft_acceptance'])})" if r.get('draft_acceptance') else "")
+            + (f" of {r['drafted']} drafted" if r.get("drafted") is not None else "")
+            + (f" (engine, per position {' '.join(f'{a:.2f}' for a in r['draft_acceptance'])})" if r.get('draft_acceptance') else "")
             + (f"  k chosen: mean {r['k_mean']:.2f}, steps by k {'/'.join(map(str, r['k_steps']))}"
                if r.get("k_mean") is not None else "")
             + f"  drafter v{r['draft_version']}"
@@ -298,13 +302,17 @@ def step_line(r: dict) -> str:
 
 
 def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
-    """--drafter; else for the default model the distilled drafter, `rollout-service prepare-drafter` (the
-    first time with progress bars, ~7-12 min on 2 cores; cached for every later run); else (a --model of your
-    own) one cut from the policy's first two layers in seconds, weak until adapted online."""
-    if args.speculation != "draft_model":
+    """--drafter; else eagle3: an EAGLE-3 head trained on the policy's own samples, `rollout-service
+    prepare-drafter --kind eagle3` (the first time with progress bars, ~14 min on 2 cores; cached for every later
+    run); draft_model: for the default model the distilled drafter, `rollout-service prepare-drafter` (~7-12 min
+    the first time), else (a --model of your own) one cut from the policy's first two layers in seconds, weak
+    until adapted online."""
+    if args.speculation not in ("draft_model", "eagle3"):
         return None
     if args.drafter:
         return args.drafter
+    if args.speculation == "eagle3":
+        return run_command("prepare-drafter", "--kind", "eagle3", *(["--model", policy_dir] if args.model else []))
     if not args.model:
         return run_command("prepare-drafter")
     from trainer_example.drafter import build_initial_drafter
@@ -332,7 +340,7 @@ def main(argv=None) -> int:
               f"{', drafter ' + drafter if drafter else ''}); log: {out / 'service.log'}")
         with ServiceProcess(policy_dir, extra_args=extra, log_path=out / "service.log") as svc:
             with RolloutClient(svc.target) as client:
-                rows = run(client, args, policy_dir, drafter, out)
+                rows = run(client, args, policy_dir, drafter if args.speculation == "draft_model" else None, out)
     summary(rows, out)
     return 0
 
