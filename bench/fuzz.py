@@ -283,8 +283,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from rollout_client import RolloutClient
-
-    from rollout_service.launcher import ServiceProcess
+    from rollout_client.launcher import ServiceProcess
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the repository: tests/tiny_models.py
     from tests.tiny_models import build_tiny_model

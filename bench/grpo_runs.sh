@@ -35,7 +35,7 @@ run() { name=$1; shift; echo "=== $name: $*"; rm -rf "runs/$name"; "$py" -m trai
 against_service() {
   name=$1 serve_args=$2; shift 2
   rm -rf "runs/$name"; mkdir -p "runs/$name"
-  read -r grpc http < <("$py" -c 'from rollout_service.launcher import free_port; print(free_port(), free_port())')
+  read -r grpc http < <("$py" -c 'from rollout_client.launcher import free_port; print(free_port(), free_port())')
   # shellcheck disable=SC2086
   "$py" -m rollout_service.cli serve --grpc-port "$grpc" --http-port "$http" --dtype float32 $serve_args \
       > "runs/$name/service.log" 2>&1 &

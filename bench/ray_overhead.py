@@ -34,11 +34,12 @@ def main() -> None:
     ap.add_argument("--log-dir", default="runs/ray_overhead")
     args = ap.parse_args()
 
+    from rollout_client import RolloutClient
+    from rollout_client.launcher import ServiceProcess
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rollout_client import RolloutClient
-    from rollout_service.launcher import LocalRayCluster, ServiceProcess
+    from rollout_service.launcher import LocalRayCluster
     from rollout_service.models import prepare_default_model
 
     model = args.model or str(prepare_default_model())

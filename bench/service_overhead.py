@@ -55,13 +55,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
+    from rollout_client import RolloutClient
+    from rollout_client.launcher import ServiceProcess
     from transformers import AutoTokenizer
 
-    from rollout_client import RolloutClient
     from rollout_service.cli import resolve_model
     from rollout_service.config import EngineConfig
     from rollout_service.engine.vllm_engine import VllmEngine
-    from rollout_service.launcher import ServiceProcess
 
     model = resolve_model(args.model)
     prompts = prompts_for(AutoTokenizer.from_pretrained(model), args.prompts)

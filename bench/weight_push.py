@@ -53,10 +53,10 @@ def tree_uss_gb(pid: int) -> float:
 
 
 def run(model_dir: str, model, state: dict, reload: str, repeats: int) -> dict:
+    from rollout_client import RolloutClient
+    from rollout_client.launcher import ServiceProcess
     from safetensors.torch import save_file
 
-    from rollout_client import RolloutClient
-    from rollout_service.launcher import ServiceProcess
     from rollout_service.models import cache_dir
 
     print(f"\n== engine.weight_reload = {reload}", flush=True)

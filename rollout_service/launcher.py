@@ -8,10 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollout_client.launcher import PARENT_ENV, ServiceProcess, free_port
-
-# ServiceProcess and free_port live in rollout_client.launcher; bench/ imports them from here.
-__all__ = ["die_with_parent", "LocalRayCluster", "ServiceProcess", "free_port"]
+from rollout_client.launcher import PARENT_ENV, free_port
 
 
 def die_with_parent() -> None:
