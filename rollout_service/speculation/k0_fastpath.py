@@ -73,33 +73,35 @@ def install() -> bool:
     return True
 
 
+def _skip_at_k0(proposer_cls, no_drafts) -> None:
+    """Wrap proposer_cls.propose: for a step that drafts nothing, answer no_drafts(self, *args, **kwargs)
+    (what propose would return with k = 0) without running the proposer."""
+    original = proposer_cls.propose
+
+    def propose(self, num_speculative_tokens, *args, **kwargs):
+        if num_speculative_tokens == 0:
+            return no_drafts(self, *args, **kwargs)
+        return original(self, num_speculative_tokens, *args, **kwargs)
+
+    proposer_cls.propose = propose
+
+
 def _skip_idle_ngram() -> None:
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
-    original = NgramProposer.propose
-
-    def propose(self, num_speculative_tokens, sampled_token_ids, *args, **kwargs):
-        if num_speculative_tokens == 0:
-            return [[] for _ in sampled_token_ids]
-        return original(self, num_speculative_tokens, sampled_token_ids, *args, **kwargs)
-
-    NgramProposer.propose = propose
+    _skip_at_k0(NgramProposer, lambda self, sampled_token_ids, *args, **kwargs: [[] for _ in sampled_token_ids])
 
 
 def _skip_idle_eagle() -> None:
     import torch
     from vllm.v1.spec_decode.eagle import EagleProposer
 
-    original = EagleProposer.propose
+    def no_drafts(self, *args, **kwargs):
+        self.num_speculative_tokens = 0
+        self._last_draft_probs = None
+        cad = kwargs.get("common_attn_metadata")
+        if cad is None:
+            cad = args[5]                      # propose's positional order after k (vLLM 0.32)
+        return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
 
-    def propose(self, num_speculative_tokens, *args, **kwargs):
-        if num_speculative_tokens == 0:
-            self.num_speculative_tokens = 0
-            self._last_draft_probs = None
-            cad = kwargs.get("common_attn_metadata")
-            if cad is None:
-                cad = args[5]                  # propose's positional order after k (vLLM 0.32)
-            return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
-        return original(self, num_speculative_tokens, *args, **kwargs)
-
-    EagleProposer.propose = propose
+    _skip_at_k0(EagleProposer, no_drafts)
