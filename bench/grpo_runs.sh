@@ -17,6 +17,12 @@
 #                                             default, k = 0..3): sync and async; the head is not adapted online
 #                                             (the trainer adapts draft models only). Needs `rollout-service
 #                                             prepare-drafter --kind eagle3` first; ~35 min
+#   bash bench/grpo_runs.sh adapt [STEPS]      online drafter adaptation against the same drafter frozen, over a
+#                                             longer run (default 20 steps, ~25 min each): a draft model cut from
+#                                             the policy's first 2 layers (`prepare-drafter --epochs 0`, into
+#                                             runs/drafter-cut), fixed k = 3 so every step measures acceptance,
+#                                             the drafter pushed every 2 steps; then `report 20 adapt-frozen
+#                                             adapt-online` with OUT=bench/results/grpo-adapt
 #   bash bench/grpo_runs.sh report [STEPS] [RUN...]
 #                                             plots and the side-by-side table into bench/results/grpo/ (the
 #                                             runs named, default the `compare` runs; the first is the baseline;
@@ -68,6 +74,14 @@ case "$what" in
     against_service eagle3-sync-nospec "--speculation none" --mode sync "${short[@]}"
     against_service eagle3-sync-auto "--speculation eagle3 --draft-model $head" --mode sync "${short[@]}"
     against_service eagle3-async-auto "--speculation eagle3 --draft-model $head" --mode async "${short[@]}" ;;
+  adapt)
+    steps=${2:-20}
+    long=(--steps "$steps" --prompts 4 --eval-size 16 --eval-every 1000 --draft-every 2)
+    cut=runs/drafter-cut
+    [[ -s $cut/config.json ]] || "$py" -m rollout_service.cli prepare-drafter --epochs 0 --out "$cut"
+    serve="--speculation draft_model --draft-model $cut --k-control fixed --num-speculative-tokens 3"
+    against_service adapt-frozen "$serve" --mode sync "${long[@]}" --drafter "$cut" --no-adapt-drafter
+    against_service adapt-online "$serve" --mode sync "${long[@]}" --drafter "$cut" --adapt-drafter ;;
   report)
     out=${OUT:-bench/results/grpo}
     mkdir -p "$out"
@@ -79,5 +93,5 @@ case "$what" in
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
-  *) sed -n 2,24p "$0"; exit 2 ;;
+  *) sed -n 2,30p "$0"; exit 2 ;;
 esac

@@ -1,12 +1,15 @@
 """Speculation on vs off on an RL-shaped workload, plain and speculative engines interleaved (not a test).
 
-    .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram] [--fixed-k draft_model:3,eagle3:2,ngram:3]
+    .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram,suffix]
+                                          [--fixed-k draft_model:3,eagle3:2,ngram:3,suffix:3]
                                           [--concurrency 1,4,8,16,32,64] [--max-tokens 128] [--samples-per-slot 2]
                                           [--draft-model DIR] [--eagle3-head DIR] [--json bench/results/speculation.json]
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to --max-tokens new
 tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one is
-replaced by the next sample) until max(8, C * --samples-per-slot) samples finished.
+replaced by the next sample) until max(8, C * --samples-per-slot) samples finished. Every measurement (each engine,
+each concurrency) takes fresh prompts and seeds from one stream, as a trainer's next batch would: a drafter that
+remembers earlier outputs (suffix decoding) must not draft a sample it has already seen with the same seed.
 
 This machine drifts up to 3x within a day, so engines are not measured one after the other: one plain engine
 stays up for the whole run and, per method, two speculative engines beside it: k chosen by the controller
@@ -18,7 +21,7 @@ concurrency (its controller learns step times and acceptance, as it does in the 
 Per cell: speedup = spec tok/s / plain tok/s; vLLM's acceptance (accepted / drafted) and mean acceptance
 length L over the drafting steps; the per-token acceptance a solved from L (speculation/speedup.py); the
 drafter cost c (one drafter forward over one target forward at the same batch, timed in PyTorch; 0 for
-n-gram); the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)) at the k the cell drafted (for auto rows the
+n-gram and suffix decoding); the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)) at the k the cell drafted (for auto rows the
 best bound over k = 0..k_max, 1.0 being k = 0); and for auto rows the share of engine steps at each k.
 Results go to --json (a list of cells) and a table on stdout.
 """
@@ -35,12 +38,29 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-async def held(eng, prompts, c: int, n: int, max_tokens: int, tag: str) -> dict:
+class Workload:
+    """The stream of task prompts and seeds: each measurement takes the next ones."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.taken = tokenizer, 0
+
+    def take(self, n: int) -> tuple[list[list[int]], int]:
+        """Prompts for n samples in groups of 4, and the first seed (sample j gets seed + j)."""
+        from rollout_service.drafting.drafters import task_prompts
+
+        groups = (n + 3) // 4
+        prompts = task_prompts(self.tokenizer, groups, start=50_000 + self.taken)
+        self.taken += groups
+        return prompts, 1000 + 4 * (self.taken - groups)
+
+
+async def held(eng, work: Workload, c: int, n: int, max_tokens: int, tag: str) -> dict:
     """`n` samples with `c` in flight at all times (until fewer than c are left): throughput and speculation counts."""
     from tqdm import tqdm
 
     from rollout_service.engine.types import SeqRequest
 
+    prompts, seed = work.take(n)
     todo = iter(range(n))                  # sample j: prompt j // 4, so a group's samples run together
     results = []
     bar = tqdm(total=n, desc=f"    {tag} concurrency {c}", unit="sample", leave=False)
@@ -49,7 +69,7 @@ async def held(eng, prompts, c: int, n: int, max_tokens: int, tag: str) -> dict:
         for j in todo:
             results.append(await eng.generate(SeqRequest(
                 seq_id=f"{tag}-c{c}-{j}-{time.monotonic_ns()}", prompt_token_ids=prompts[j // 4], temperature=1.0,
-                max_tokens=max_tokens, seed=1000 + j)))
+                max_tokens=max_tokens, seed=seed + j)))
             bar.update()
     t = time.perf_counter()
     await asyncio.gather(*(slot() for _ in range(c)))
@@ -131,15 +151,15 @@ async def run(args) -> list[dict]:
 
     from rollout_service.cli import resolve_model
     from rollout_service.config import SpeculationConfig
-    from rollout_service.drafting.drafters import default_drafter_dir, task_prompts
+    from rollout_service.drafting.drafters import default_drafter_dir
 
     model = resolve_model(args.model)
     drafters = {"draft_model": args.draft_model or str(default_drafter_dir("draft_model")),
-                "eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")), "ngram": ""}
+                "eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")), "ngram": "", "suffix": ""}
     conc = [int(x) for x in args.concurrency.split(",")]
     fixed = {m: int(k) for m, k in (p.split(":") for p in args.fixed_k.split(","))}
     n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
-    prompts = task_prompts(AutoTokenizer.from_pretrained(model), (max(n_of.values()) + 3) // 4, start=50_000)
+    work = Workload(AutoTokenizer.from_pretrained(model))
     date = datetime.date.today().isoformat()
     print(f"target {model}; concurrency {conc}; max_tokens {args.max_tokens}; temperature 1.0; {date}", flush=True)
     plain = await start(model, SpeculationConfig())
@@ -156,14 +176,14 @@ async def run(args) -> list[dict]:
             fix = await start(model, SpeculationConfig(k_control="fixed", **common))
             try:
                 for c in conc:                                   # the controller's first minutes of serving
-                    await held(auto, prompts, c, c, min(64, args.max_tokens), "warm-up")
+                    await held(auto, work, c, c, min(64, args.max_tokens), "warm-up")
                 for c in conc:
                     snap0 = await auto.k_control_snapshot()
-                    p1 = await held(plain, prompts, c, n_of[c], args.max_tokens, "plain")
-                    ra = await held(auto, prompts, c, n_of[c], args.max_tokens, f"{method} auto")
+                    p1 = await held(plain, work, c, n_of[c], args.max_tokens, "plain")
+                    ra = await held(auto, work, c, n_of[c], args.max_tokens, f"{method} auto")
                     snap1 = await auto.k_control_snapshot()
-                    rf = await held(fix, prompts, c, n_of[c], args.max_tokens, f"{method} k={k}")
-                    p2 = await held(plain, prompts, c, n_of[c], args.max_tokens, "plain")
+                    rf = await held(fix, work, c, n_of[c], args.max_tokens, f"{method} k={k}")
+                    p2 = await held(plain, work, c, n_of[c], args.max_tokens, "plain")
                     p = (p1["tok_s"] + p2["tok_s"]) / 2
                     for kk, r in (("auto", ra), (k, rf)):
                         a, bound = cell_bound(r, kk, k, cost[c])
@@ -202,8 +222,8 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--draft-model")
     ap.add_argument("--eagle3-head", help="EAGLE-3 head (default: `rollout-service prepare-drafter --kind eagle3`)")
-    ap.add_argument("--methods", default="draft_model,eagle3,ngram")
-    ap.add_argument("--fixed-k", default="draft_model:3,eagle3:2,ngram:3",
+    ap.add_argument("--methods", default="draft_model,eagle3,ngram,suffix")
+    ap.add_argument("--fixed-k", default="draft_model:3,eagle3:2,ngram:3,suffix:3",
                     help="each method's fixed k (its best in earlier runs); also the controller's k_max")
     ap.add_argument("--concurrency", default="1,4,8,16,32,64")
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -19,7 +19,8 @@ import msgspec
 
 from rollout_service.wire import DTYPES as TENSOR_DTYPES
 
-SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "mtp")
+SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "suffix", "mtp")
+MODEL_FREE_METHODS = ("ngram", "suffix")    # draft from the tokens seen so far: no drafter model, no draft cost
 K_CONTROLS = ("auto", "fixed")
 WEIGHT_RELOADS = ("shadow", "in_place")
 DTYPES = ("auto", *TENSOR_DTYPES)                # what the engine computes in; pushes may use it too
@@ -66,11 +67,17 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         "mtp)", "--draft-sampling") = "probabilistic"
     prompt_lookup_min: option(int, "smallest n-gram matched (ngram)", ge=1) = 2
     prompt_lookup_max: option(int, "largest n-gram matched (ngram)", ge=1) = 5
+    suffix_max_spec_factor: option(
+        float, "suffix: draft at most this many tokens per token of the matched suffix (vLLM's "
+               "suffix_decoding_max_spec_factor; the drafts stop at num_speculative_tokens)", ge=0) = 1.0
+    suffix_min_token_prob: option(
+        float, "suffix: draft a token only where the suffix tree's estimate of its probability is at least this "
+               "(vLLM's suffix_decoding_min_token_prob)", ge=0, le=1) = 0.1
     draft_cost: option(
         float,
         "one drafter step / one target step, as bench/speculation.py prints it (cost c); with it, GetStatus reports "
         "each drafter version's expected speedup (mean acceptance length / (1 + c k)) and warns (status and log) "
-        "when speculation is slowing generation; n-gram counts as 0", "--draft-cost", shown="-1 = unknown") = -1.0
+        "when speculation is slowing generation; n-gram and suffix count as 0", "--draft-cost", shown="-1 = unknown") = -1.0
 
 
 def k_mode(sp: SpeculationConfig) -> str:

@@ -60,10 +60,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--kl-samples", type=int, default=16,
                     help="sequences per step on which KL to the start policy is estimated (a metric only)")
     ap.add_argument("--max-lag", type=int, default=1, help="async: never train on samples older than this")
-    ap.add_argument("--speculation", choices=["eagle3", "draft_model", "ngram", "none"], default="eagle3",
+    ap.add_argument("--speculation", choices=["eagle3", "draft_model", "ngram", "suffix", "none"],
+                    default="eagle3",
                     help="when this command starts the service (k chosen per step by the service's controller): "
                          "eagle3, an EAGLE-3 head (the fastest drafter here; not adapted online); draft_model, a "
-                         "small model adapted online toward the policy (--adapt-drafter)")
+                         "small model adapted online toward the policy (--adapt-drafter); ngram and suffix need no "
+                         "drafter (suffix drafts from the group's and earlier steps' own samples)")
     ap.add_argument("--drafter", help="drafter directory (default: `rollout-service prepare-drafter --kind "
                                       "eagle3|draft_model`, cached; draft_model with --model: the policy's first 2 "
                                       "layers)")

@@ -32,6 +32,9 @@ def speculative_config(sp) -> dict | None:
         out["draft_sample_method"] = sp.draft_sampling
     if sp.method == "ngram":
         out.update(prompt_lookup_min=sp.prompt_lookup_min, prompt_lookup_max=sp.prompt_lookup_max)
+    if sp.method == "suffix":      # Arctic Inference's suffix trees (the arctic-inference package)
+        out.update(suffix_decoding_max_spec_factor=sp.suffix_max_spec_factor,
+                   suffix_decoding_min_token_prob=sp.suffix_min_token_prob)
     mode = k_mode(sp)
     if mode == "schedule":     # vLLM's dynamic speculative decoding: the scheduler picks k by batch size per step
         out["num_speculative_tokens_per_batch_size"] = [list(r) for r in sp.k_by_batch_size]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rollout_service.api import pb
+from rollout_service.config import MODEL_FREE_METHODS
 from rollout_service.errors import invalid
 from rollout_service.weights.service import Header, PushOutcome
 from rollout_service.engine.base import EngineState
@@ -62,7 +63,7 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
     t = pool.telemetry
     tok_s, smp_s = t.rates()
     spec, warnings = [], []
-    cost = 0.0 if spec_method == "ngram" else draft_cost
+    cost = 0.0 if spec_method in MODEL_FREE_METHODS else draft_cost
     for (pv, dv), c in sorted(t.spec.items()):
         rate = c.accepted / c.drafted if c.drafted else 0.0
         mean_len = measured_mean_acceptance_length(c.accepted, c.steps)

@@ -1,0 +1,34 @@
+"""Suffix decoding with k chosen per step (the k controller or a k_by_batch_size schedule).
+
+vLLM 0.32's SuffixDecodingProposer (Arctic Inference's suffix trees: it drafts from the tokens this request's
+prompt and earlier responses, its own and other requests', continued with) asserts that every step drafts the
+configured `num_speculative_tokens`, so dynamic speculative decoding, which tells the proposer how many tokens a
+step drafts, stops the engine. Wrapped here: a step's k caps the draft (Arctic's `max_spec_tokens`), and at k = 0
+the proposer still records the step's sampled tokens in its trees (they are what it drafts from later) and
+speculates nothing, which costs next to nothing (no model pass). Sampling is untouched; the losslessness check
+covers suffix decoding with the controller (tests/integration/test_speculation.py).
+"""
+from __future__ import annotations
+
+
+def install() -> bool:
+    """Patch SuffixDecodingProposer.propose once per process; False where vLLM has no suffix proposer."""
+    try:
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+    except ImportError:
+        return False
+    original = SuffixDecodingProposer.propose
+    if getattr(original, "_rollout_any_k", False):
+        return True
+
+    def propose(self, num_speculative_tokens, *args, **kwargs):
+        configured = self.num_speculative_tokens
+        self.num_speculative_tokens = num_speculative_tokens       # read by the assert and as the draft's cap
+        try:
+            return original(self, num_speculative_tokens, *args, **kwargs)
+        finally:
+            self.num_speculative_tokens = configured
+
+    propose._rollout_any_k = True
+    SuffixDecodingProposer.propose = propose
+    return True
