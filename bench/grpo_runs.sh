@@ -18,7 +18,8 @@
 #                                             (the trainer adapts draft models only). Needs `rollout-service
 #                                             prepare-drafter --kind eagle3` first; ~35 min
 #   bash bench/grpo_runs.sh adapt [STEPS]      online drafter adaptation against the same drafter frozen, over a
-#                                             longer run (default 20 steps, ~25 min each): a draft model cut from
+#                                             longer run (default 20 steps, ~15 min each, one optimizer step per
+#                                             batch): a draft model cut from
 #                                             the policy's first 2 layers (`prepare-drafter --epochs 0`, into
 #                                             runs/drafter-cut), fixed k = 3 so every step measures acceptance,
 #                                             the drafter pushed every 2 steps; then `report 20 adapt-frozen
@@ -76,7 +77,7 @@ case "$what" in
     against_service eagle3-async-auto "--speculation eagle3 --draft-model $head" --mode async "${short[@]}" ;;
   adapt)
     steps=${2:-20}
-    long=(--steps "$steps" --prompts 4 --eval-size 16 --eval-every 1000 --draft-every 2)
+    long=(--steps "$steps" --prompts 4 --eval-size 16 --eval-every 1000 --draft-every 2 --minibatches 1)
     cut=runs/drafter-cut
     [[ -s $cut/config.json ]] || "$py" -m rollout_service.cli prepare-drafter --epochs 0 --out "$cut"
     serve="--speculation draft_model --draft-model $cut --k-control fixed --num-speculative-tokens 3"

@@ -1,5 +1,6 @@
-"""Plot bench/speculation.py's cells: speedup over the plain engine by concurrency, one line per (method, k),
-beside the analytical bound, with the 1.8x goal, break-even and the 0.97 floor marked (not a test).
+"""Plot bench/speculation.py's cells: speedup over the plain engine by concurrency, a panel per method (and
+drafter), one line per k, beside the analytical bound, with the 1.8x goal, break-even and the 0.97 floor marked
+(not a test).
 
     .venv/bin/python bench/plot_speculation.py bench/results/speculation.json [--out bench/results/speculation.png]
 """
@@ -17,8 +18,8 @@ def read_cells(path: Path) -> list[dict]:
     cells = json.loads(path.read_text())
     if not cells:
         raise SystemExit(f"{path}: no cells")
-    return [{"method": c["method"], "k": str(c["k"]), "conc": c["concurrency"], "speedup": c["speedup"],
-             "bound": c["bound"]} for c in cells]
+    return [{"method": c["method"] + (f" ({c['drafter']})" if c.get("drafter") else ""), "k": str(c["k"]),
+             "conc": c["concurrency"], "speedup": c["speedup"], "bound": c["bound"]} for c in cells]
 
 
 def plot(rows: list[dict], out: Path) -> Path:

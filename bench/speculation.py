@@ -187,7 +187,8 @@ async def run(args) -> list[dict]:
                     p = (p1["tok_s"] + p2["tok_s"]) / 2
                     for kk, r in (("auto", ra), (k, rf)):
                         a, bound = cell_bound(r, kk, k, cost[c])
-                        cells.append({"method": method, "k": kk, "concurrency": c, "plain_tok_s": round(p, 2),
+                        cells.append({"method": method, "drafter": Path(drafters[method]).name, "k": kk,
+                                      "concurrency": c, "plain_tok_s": round(p, 2),
                                       "spec_tok_s": round(r["tok_s"], 2), "speedup": round(r["tok_s"] / p, 3),
                                       "bound": round(bound, 3), "acceptance_rate": round(r["rate"], 3),
                                       "mean_acceptance_length": round(r["mal"], 3), "per_token_acceptance": round(a, 3),
@@ -198,6 +199,8 @@ async def run(args) -> list[dict]:
                         print(f"  {method:<11} k={kk!s:<4} conc {c:>2}: plain {p:7.1f} tok/s, spec {r['tok_s']:7.1f} "
                               f"tok/s, speedup {r['tok_s'] / p:5.2f} (bound {bound:4.2f}), L {r['mal']:.2f}", flush=True)
                 print(f"  {method} controller: {await auto.k_control_snapshot()}", flush=True)
+                if args.json:                     # a run stopped later keeps the methods it finished
+                    Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
             finally:
                 await auto.shutdown()
                 await fix.shutdown()

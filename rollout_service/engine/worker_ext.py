@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 from rollout_service.engine import lifeline  # noqa: F401 - this worker's engine dies with the server
 from rollout_service.engine import shadow_reload
-from rollout_service.speculation import cpu_fix, k0_fastpath, suffix_k
+from rollout_service.speculation import cpu_fix, cpu_noise, k0_fastpath, suffix_k
 
 log = logging.getLogger(__name__)
 # Imported by every vLLM worker after vLLM registered its CPU kernels: patch the rejection sampler's
 # broken expansion here, only where the bug is detected.
 cpu_fix.install()
 k0_fastpath.install()     # steps without drafts sample like a plain engine
+cpu_noise.install()       # speculative sampling draws its noise as fast as the plain sampler
 suffix_k.install()        # suffix decoding drafts the k chosen for each step
 
 
