@@ -18,7 +18,7 @@
 #                                             (the trainer adapts draft models only). Needs `rollout-service
 #                                             prepare-drafter --kind eagle3` first; ~35 min
 #   bash bench/grpo_runs.sh adapt [STEPS]      online drafter adaptation against the same drafter frozen, over a
-#                                             longer run (default 20 steps, ~15 min each, one optimizer step per
+#                                             longer run (default 20 steps, ~21 min each, one optimizer step per
 #                                             batch): a draft model cut from
 #                                             the policy's first 2 layers (`prepare-drafter --epochs 0`, into
 #                                             runs/drafter-cut), fixed k = 3 so every step measures acceptance,
