@@ -21,8 +21,9 @@ concurrency (its controller learns step times and acceptance, as it does in the 
 Per cell: speedup = spec tok/s / plain tok/s; vLLM's acceptance (accepted / drafted) and mean acceptance
 length L over the drafting steps; the per-token acceptance a solved from L (speculation/speedup.py); the
 drafter cost c (one drafter forward over one target forward at the same batch, timed in PyTorch; 0 for
-n-gram and suffix decoding); the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)) at the k the cell drafted (for auto rows the
-best bound over k = 0..k_max, 1.0 being k = 0); and for auto rows the share of engine steps at each k.
+n-gram and suffix decoding); the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)) at the k the cell drafted
+(for auto rows the best bound over k = 0..k_max, 1.0 being k = 0); and for auto rows the share of engine steps at
+each k.
 Results go to --json (a list of cells) and a table on stdout.
 """
 from __future__ import annotations
@@ -48,10 +49,9 @@ class Workload:
         """Prompts for n samples in groups of 4, and the first seed (sample j gets seed + j)."""
         from rollout_service.drafting.drafters import task_prompts
 
-        groups = (n + 3) // 4
-        prompts = task_prompts(self.tokenizer, groups, start=50_000 + self.taken)
+        first, groups = self.taken, (n + 3) // 4
         self.taken += groups
-        return prompts, 1000 + 4 * (self.taken - groups)
+        return task_prompts(self.tokenizer, groups, start=50_000 + first), 1000 + 4 * first
 
 
 async def held(eng, work: Workload, c: int, n: int, max_tokens: int, tag: str) -> dict:

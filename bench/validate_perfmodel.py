@@ -33,6 +33,7 @@ from rollout_service.perfmodel.rollout import Engine, drain, mean_length
 from rollout_service.perfmodel.step import Drafter
 
 DYN = ((1, 4, 3), (5, 16, 1), (17, 10**9, 0))      # the schedule of the .txt table's dyn rows
+PRICED = ("eagle3", "draft_model", "ngram")         # the methods the model prices (not suffix decoding)
 
 
 def read_table(path: Path) -> list[dict]:
@@ -40,7 +41,7 @@ def read_table(path: Path) -> list[dict]:
     cells = []
     for line in path.read_text().splitlines():
         f = line.split()
-        if len(f) >= 10 and f[0] in ("eagle3", "draft_model", "ngram") and re.fullmatch(r"\d+|dyn", f[1]):
+        if len(f) >= 10 and f[0] in PRICED and re.fullmatch(r"\d+|dyn", f[1]):
             cells.append({"method": f[0], "k": f[1] if f[1] == "dyn" else int(f[1]), "concurrency": int(f[2]),
                           "plain_tok_s": float(f[3]), "spec_tok_s": float(f[4]), "speedup": float(f[5]),
                           "per_token_acceptance": float(f[8]), "drafter_cost": float(f[9])})
@@ -137,7 +138,7 @@ def main() -> None:
     target = pm.from_config(cal["model_config"], name="SmolLM2-135M-Instruct")
     source = args.table or args.cells
     cells = read_table(Path(args.table)) if args.table else json.loads(Path(args.cells).read_text())
-    cells = [c for c in cells if c["method"] in ("eagle3", "draft_model", "ngram")]   # what the model prices
+    cells = [c for c in cells if c["method"] in PRICED]
     out = []
     for cell in cells:
         p = predict(cell, cells, target, hw, cal["context"])

@@ -6,7 +6,8 @@ configured `num_speculative_tokens`, so dynamic speculative decoding, which tell
 step drafts, stops the engine. Wrapped here: a step's k caps the draft (Arctic's `max_spec_tokens`), and at k = 0
 the proposer still records the step's sampled tokens in its trees (they are what it drafts from later) and
 speculates nothing, which costs next to nothing (no model pass). Sampling is untouched; the losslessness check
-covers suffix decoding with the controller (tests/integration/test_speculation.py).
+covers suffix decoding with k changing per step through vLLM's dynamic path, 3, 0 and 2 by batch size, the path
+the controller takes too (tests/integration/test_speculation.py).
 """
 from __future__ import annotations
 
