@@ -1,27 +1,33 @@
-"""EnginePool: the data plane's middle, and the owner of its engines. Admission (bounded), routing (a prompt's
-whole group to one engine, least-loaded first), per-sequence tasks, the bookkeeping GetStatus reports, and the
-engines' lifecycle: starting, restarting, joining, draining and removing an engine, and marking it unhealthy, all
-happen here (the supervisor, the scaler and the weight committer ask the pool)."""
+"""EnginePool: the data plane's middle, and the owner of its engines and of what they serve. Admission (bounded),
+routing (a prompt's whole group to one engine, least-loaded first), per-sequence tasks, the bookkeeping GetStatus
+reports; the committed versions and weight files (committed.py), the push lock, the operator's pause; and the
+engines' lifecycle: starting, restarting and joining at the committed versions, draining and removing an engine,
+and marking it unhealthy (the supervisor, the scaler and the weight committer ask the pool)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.types import SeqRequest
 from rollout_service.errors import ServiceError, refused_by_engine, unavailable
+from rollout_service.pool.committed import CommittedWeights
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
 from rollout_service.pool.telemetry import Telemetry
+from rollout_service.scratch import scratch_root
 
 log = logging.getLogger(__name__)
 
 
 class EnginePool:
-    def __init__(self, engines: list[Engine], *, max_queue: int, idempotency_ttl_s: float = 600.0):
+    def __init__(self, engines: list[Engine], *, max_queue: int, idempotency_ttl_s: float = 600.0,
+                 checkpoints: dict[str, str | Path | None] | None = None):
+        """checkpoints: target ("policy", "drafter") -> the model directory the engines start from (None or
+        absent: the service has no such target, pushes to it are refused)."""
         if not engines:
             raise ValueError("a pool needs at least one engine")
         self.engines = engines
@@ -35,9 +41,14 @@ class EnginePool:
         self.live: set[RequestRecord] = set()            # unfinished requests, with or without an id
         self.draining: set[str] = set()                  # engines being scaled in: no new work
         self.joining: set[str] = set()                   # engines being scaled out: not ready yet
-        # The committed versions: the one record of what the service serves (GetStatus, admission, metrics).
-        # Only the weight committer changes them, through label(), which also tells the engines.
-        self.versions = {"policy": 0, "drafter": 0}
+        # What every serving engine holds: the one record of what the service serves (GetStatus, admission,
+        # metrics, restarts). Only the weight committer changes it (record, then label() tells the engines).
+        self.committed = CommittedWeights(checkpoints, scratch_root() / "committed", spare_dir=scratch_root())
+        self.versions = self.committed.versions
+        # Held by every change to what is served (a commit) and to which engines serve (restart, join, leave),
+        # so that an engine joins or leaves only between commits and catches up with all of them.
+        self.push_lock = asyncio.Lock()
+        self.held: str | None = None                     # an operator's pause (HTTP /pause): its in-flight mode
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -76,32 +87,40 @@ class EnginePool:
         log.error("%s: %s", engine.id, why)
         engine.state = EngineState.UNHEALTHY
 
-    async def restart(self, engine: Engine, catch_up: Callable[[Engine], Awaitable[None]]) -> bool:
-        """Stop and start `engine`, let `catch_up` bring it to what the others serve (the weight committer:
-        replay every committed push, label the versions), and only then route to it. False (and UNHEALTHY) if
-        any step failed. The caller holds whatever keeps the others from changing meanwhile (the push lock)."""
-        try:
-            await engine.shutdown()
-            await engine.start()
-            engine.state = EngineState.STARTING     # not routed to until it matches the others
-            await catch_up(engine)
-            engine.state = EngineState.READY
+    async def restart_at_committed(self, engine: Engine) -> bool:
+        """Stop and start `engine` (unhealthy, or new), replay every committed push (policy and drafter) and label
+        the versions, and only then route to it: it serves only once it matches the others. Under the push lock,
+        so no commit interleaves. False (and UNHEALTHY) if any step failed."""
+        async with self.push_lock:
+            try:
+                await engine.shutdown()
+                await engine.start()
+                engine.state = EngineState.STARTING     # not routed to until it matches the others
+                for target in ("policy", "drafter"):
+                    for f in self.committed.replay_files(target):
+                        await engine.load_weights(str(f), target)
+                await engine.set_versions(self.policy_version, self.draft_version)
+                engine.state = EngineState.READY
+            except Exception:  # noqa: BLE001 - a failed restart leaves the engine out of service, not the server
+                log.exception("%s: restart failed; it stays unhealthy", engine.id)
+                engine.state = EngineState.UNHEALTHY
+                return False
+            if self.held is not None:                  # an operator's pause covers it too
+                await engine.pause(self.held)
+            log.info("%s started at policy version %d, drafter version %d", engine.id, self.policy_version,
+                     self.draft_version)
             return True
-        except Exception:  # noqa: BLE001 - a failed restart leaves the engine out of service, not the server
-            log.exception("%s: restart failed; it stays unhealthy", engine.id)
-            engine.state = EngineState.UNHEALTHY
-            return False
 
-    async def join(self, engine: Engine, bring_up: Callable[[Engine], Awaitable[None]]) -> bool:
-        """Scale out: `engine` is listed (status shows it starting) but not routed to while `bring_up`
-        (restart at the committed versions) runs; it joins routing once READY, else it is removed and stopped."""
+    async def join(self, engine: Engine) -> bool:
+        """Scale out: `engine` is listed (status shows it starting) but not routed to while it starts at the
+        committed versions; it joins routing once READY, else it is removed and stopped."""
         engine.state = EngineState.STARTING
         self.engines.append(engine)
         self.load.setdefault(engine.id, 0)
         self.finished.setdefault(engine.id, 0)
         self.joining.add(engine.id)
         try:
-            await bring_up(engine)
+            await self.restart_at_committed(engine)
         finally:
             self.joining.discard(engine.id)
         if engine.state is not EngineState.READY:
@@ -110,9 +129,9 @@ class EnginePool:
             return False
         return True
 
-    async def retire(self, engine: Engine, *, timeout_s: float, lock: asyncio.Lock) -> None:
+    async def retire(self, engine: Engine, *, timeout_s: float) -> None:
         """Scale in: no new work goes to `engine`; once the sequences it holds have finished (or `timeout_s`
-        passed) it leaves the pool under `lock` (the push lock: never mid-commit) and stops."""
+        passed) it leaves the pool under the push lock (never mid-commit) and stops."""
         self.draining.add(engine.id)
         log.info("scale in: draining %s (%d sequences)", engine.id, self.load[engine.id])
         try:
@@ -120,11 +139,28 @@ class EnginePool:
             deadline = loop.time() + timeout_s
             while self.load[engine.id] and loop.time() < deadline:
                 await asyncio.sleep(0.1)
-            async with lock:
+            async with self.push_lock:
                 self.engines.remove(engine)
             await engine.shutdown()
         finally:
             self.draining.discard(engine.id)
+
+    # ---- the operator's pause ----------------------------------------------------------------------
+    async def hold(self, mode: str) -> None:
+        """Pause every engine until release() (the HTTP dialects' /pause, /pause_generation). New requests
+        queue meanwhile; commits made while held leave the engines paused. Waits for a running commit."""
+        async with self.push_lock:
+            if self.held is None:
+                engines = [e for e in self.engines if e.state is EngineState.READY]
+                await asyncio.gather(*(e.pause(mode) for e in engines))
+                self.held = mode
+
+    async def release(self) -> None:
+        """End hold(): every paused engine generates again (queued and kept sequences continue)."""
+        async with self.push_lock:
+            if self.held is not None:
+                await asyncio.gather(*(e.resume() for e in self.engines if e.state is EngineState.PAUSED))
+                self.held = None
 
     @property
     def ready(self) -> bool:
@@ -140,9 +176,9 @@ class EnginePool:
         return self.versions["drafter"]
 
     async def label(self, engines: list[Engine], **committed: int) -> None:
-        """Record newly committed versions (`policy=`, `drafter=`; none: a restarted engine catching up) and
-        label `engines` with them: their samples carry them from the next step on. Every serving engine holds
-        the committed versions (a commit lands on all of them or on none): its label is a copy, not a vote."""
+        """Record newly committed versions (`policy=`, `drafter=`) and label `engines` with them: their samples
+        carry them from the next step on. Every serving engine holds the committed versions (a commit lands on
+        all of them or on none): its label is a copy, not a vote. Called under the push lock."""
         self.versions.update(committed)
         await asyncio.gather(*(e.set_versions(self.policy_version, self.draft_version) for e in engines))
 

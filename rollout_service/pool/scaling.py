@@ -1,8 +1,7 @@
 """Scale the engine pool while serving (ScaleEngines).
 
 Out: a new engine is built by the factory and joins the pool (EnginePool.join) once it is up at the committed
-policy and drafter versions (WeightCommitter.restart_at_committed, under the push lock, so no commit
-interleaves). In: the newest engines retire first (EnginePool.retire: no new work, wait until every sequence
+policy and drafter versions (EnginePool.restart_at_committed, under the push lock, so no commit interleaves). In: the newest engines retire first (EnginePool.retire: no new work, wait until every sequence
 they hold has finished, then leave the pool under the push lock and stop). Admitted requests are never dropped
 by scaling.
 """
@@ -21,10 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class Scaler:
-    def __init__(self, pool, committer, factory: Callable[[str], Engine], *, max_engines: int = 64,
+    def __init__(self, pool, factory: Callable[[str], Engine], *, max_engines: int = 64,
                  drain_timeout_s: float = 3600.0):
         self.pool = pool
-        self.committer = committer
         self.factory = factory
         self.max_engines = max_engines
         self.drain_timeout_s = drain_timeout_s
@@ -44,9 +42,9 @@ class Scaler:
         engine = self.factory(f"engine-{self._next}")
         self._next += 1
         log.info("scale out: starting %s", engine.id)
-        if not await self.pool.join(engine, self.committer.restart_at_committed):
+        if not await self.pool.join(engine):
             raise ServiceError(grpc.StatusCode.INTERNAL, f"scale out: {engine.id} failed to start; see the server log")
 
     async def _remove(self, engine: Engine) -> None:
-        await self.pool.retire(engine, timeout_s=self.drain_timeout_s, lock=self.committer.lock)
+        await self.pool.retire(engine, timeout_s=self.drain_timeout_s)
         log.info("scale in: %s stopped", engine.id)

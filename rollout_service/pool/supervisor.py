@@ -4,7 +4,7 @@ An engine is dead when its own liveness check fails (vLLM: the engine-core proce
 `errored`) or when it reported itself UNHEALTHY. Its in-flight sequences fail on their own (vLLM raises
 EngineDeadError into every pending generate), so their requests end with UNAVAILABLE ("retry the
 request"); their request ids are released, so a retry with the same id runs again. The supervisor then
-restarts the engine through `restart` (WeightCommitter.restart_at_committed: start from the checkpoint,
+restarts the engine through `restart` (EnginePool.restart_at_committed: start from the checkpoint,
 replay every committed policy and drafter push, label the versions) with exponential back-off when
 restarts keep failing. While no engine is ready, Generate answers UNAVAILABLE ("retry shortly").
 """

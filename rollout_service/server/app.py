@@ -32,7 +32,7 @@ from rollout_service.server.http_app import build_http_app
 from rollout_service.server.loop_watchdog import LoopWatchdog, freeze_startup_heap
 from rollout_service.validation import Limits
 from rollout_service.weights.service import WeightService
-from rollout_service.weights.scratch import remove_scratch_root, sweep_stale_roots
+from rollout_service.scratch import remove_scratch_root, sweep_stale_roots
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
@@ -81,14 +81,15 @@ class RolloutServer:
     def __init__(self, cfg: ServerConfig, model: ModelInfo, factory: Callable[[str], Engine]):
         self.cfg = cfg
         engines = [factory(f"engine-{i}") for i in range(cfg.engines)]
-        self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s)
         sp = cfg.engine.speculation
         drafter = sp.model if sp.method in ("draft_model", "eagle3") else None
-        self.weights = WeightService.create(self.pool, model.path, serving_dtype(cfg, model.path), drafter,
+        self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s,
+                               checkpoints={"policy": model.path, "drafter": drafter})
+        self.weights = WeightService.create(self.pool, serving_dtype(cfg, model.path),
                                             weights_roots=weights_roots(cfg))
         self.creds = load_credentials(cfg.security, cfg.host)
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens)
-        self.scaler = Scaler(self.pool, self.weights.committer, factory)
+        self.scaler = Scaler(self.pool, factory)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
                                         max_streams_per_client=cfg.max_streams_per_client, creds=self.creds)
         self.health = HealthServicer(("", SERVICE_NAME))
@@ -139,7 +140,7 @@ class RolloutServer:
                  self.cfg.host, self.cfg.http_port, "TLS" if self.cfg.security.tls_cert else "plaintext",
                  "bearer tokens" if self.creds else "no authentication", len(self.pool.engines))
         await self.pool.start()
-        self.supervisor = Supervisor(self.pool, self.weights.committer.restart_at_committed)
+        self.supervisor = Supervisor(self.pool, self.pool.restart_at_committed)
         self._supervisor_task = asyncio.create_task(self.supervisor.run())
         log.info("start-up heap frozen out of the garbage collector (%.2f s)", freeze_startup_heap())
         self.watchdog = LoopWatchdog(self.pool.telemetry.registry)     # lag on /metrics; warns, naming the code

@@ -1,19 +1,19 @@
-"""Commit staged weights on every engine, or on none.
+"""Commit staged weights on every engine, or on none: prepare, swap, roll back, record.
 
-One push at a time (a lock serializes them). Versions are strictly increasing per target. The commit:
-every engine loads the files beside the weights it serves while it keeps generating (prepare; if any
+One push at a time (the pool's push lock serializes them, and restarts and joins with them). Versions are
+strictly increasing per target. The commit: every engine loads the files beside the weights it serves while it keeps generating (prepare; if any
 engine fails, all drop what they prepared and nothing changed), then pause every engine (in-flight mode),
 swap the prepared weights in, label the new versions, resume: the pause lasts only the swap. If any
 engine fails to swap, the engines that already swapped get the previous values back (from the original
 checkpoint plus the overlays of earlier pushes), every engine resumes on the old version, and the push
 fails; an engine that cannot be restored is marked unhealthy, and pool.supervisor restarts it at the
-committed versions (restart_at_committed).
+committed versions (EnginePool.restart_at_committed). What is served (versions, committed files, the
+operator's pause) is the pool's; the committer changes it only by recording a commit.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +23,8 @@ import grpc
 from rollout_service.engine.base import EngineState
 from rollout_service.errors import ServiceError
 from rollout_service.pool.pool import EnginePool
-from rollout_service.weights.manifest import safetensors_files
+from rollout_service.scratch import recycle
 from rollout_service.weights.shield import run_to_end
-from rollout_service.weights.scratch import recycle
 
 log = logging.getLogger(__name__)
 
@@ -40,33 +39,12 @@ class CommitResult:
 
 
 class WeightCommitter:
-    def __init__(self, pool: EnginePool, checkpoints: dict[str, Path | None], state_dir: Path, spare_dir: Path):
+    def __init__(self, pool: EnginePool):
         self.pool = pool
-        self.spare_dir = spare_dir                # files no longer needed become the next push's staging file
-        self.checkpoints = checkpoints            # target -> original checkpoint dir (None: no such target)
-        self.state_dir = state_dir
-        self.lock = asyncio.Lock()
-        self.overlay: dict[str, dict[str, Path]] = {"policy": {}, "drafter": {}}   # name -> file with its value
-        self.held: str | None = None              # an operator's pause (HTTP /pause): its in-flight mode
-
-    async def hold(self, mode: str) -> None:
-        """Pause every engine until release() (the HTTP dialects' /pause, /pause_generation). New requests
-        queue meanwhile; commits made while held leave the engines paused. Waits for a running commit."""
-        async with self.lock:
-            if self.held is None:
-                engines = [e for e in self.pool.engines if e.state is EngineState.READY]
-                await asyncio.gather(*(e.pause(mode) for e in engines))
-                self.held = mode
-
-    async def release(self) -> None:
-        """End hold(): every paused engine generates again (queued and kept sequences continue)."""
-        async with self.lock:
-            if self.held is not None:
-                await asyncio.gather(*(e.resume() for e in self.pool.engines if e.state is EngineState.PAUSED))
-                self.held = None
+        self.committed = pool.committed
 
     def check_version(self, target: str, version: int) -> None:
-        if self.checkpoints.get(target) is None:
+        if not self.committed.has(target):
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"this server has no {target} to update (start it with speculation configured)")
         if version <= self.pool.versions[target]:
@@ -87,20 +65,20 @@ class WeightCommitter:
             finally:
                 if not keep_files:
                     for f in files:              # gone already if the commit moved them into its state
-                        recycle(Path(f), self.spare_dir)
+                        recycle(Path(f), self.committed.spare_dir)
         return await run_to_end(commit_owning_files(), "commit")
 
     async def _commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
                       keep_files: bool) -> CommitResult:
-        async with self.lock:
+        async with self.pool.push_lock:
             self.check_version(target, version)      # again: a concurrent push may have won the race
-            # Engines starting or restarting are left out: restart_at_committed (under this lock) replays
+            # Engines starting or restarting are left out: pool.restart_at_committed (under this lock) replays
             # every committed push, this one included, before they serve.
             engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
             t_prepare = time.perf_counter()
             prepared = await self._prepare(engines, files, version, target)   # engines keep generating
             prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
-            held = self.held is not None                               # paused by an operator already
+            held = self.pool.held is not None                               # paused by an operator already
             if not held:
                 await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
             t_apply = time.perf_counter()                              # from here on nothing generates
@@ -130,7 +108,7 @@ class WeightCommitter:
                 await asyncio.gather(*(e.resume() for e in engines))
             pause_s = time.perf_counter() - t_apply
             # Copying the committed file away (LoadWeights: a whole model) must not stall the event loop.
-            await asyncio.to_thread(self._remember, files, names, target, version, keep_files)
+            await asyncio.to_thread(self.committed.record, files, target, version, keep_files)
             log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
                      target, version, len(names), len(engines), apply_s, pause_s)
             return CommitResult(version, target, apply_s, pause_s, prepare_s)
@@ -150,48 +128,9 @@ class WeightCommitter:
                            f"{err}); nothing was applied, every engine still serves {target} version "
                            f"{self.pool.versions[target]}") from err
 
-    async def restart_at_committed(self, engine) -> None:
-        """Bring an engine (unhealthy, or new) up at the committed versions: the pool restarts it and this
-        replays every committed push (policy and drafter overlays) and labels the versions before it serves.
-        Under the push lock, so no commit interleaves; the engine serves only once it matches the others."""
-        async with self.lock:
-            if await self.pool.restart(engine, self._catch_up):
-                if self.held is not None:             # an operator's pause covers it too
-                    await engine.pause(self.held)
-                log.info("%s restarted at policy version %d, drafter version %d", engine.id,
-                         self.pool.policy_version, self.pool.draft_version)
-
-    async def _catch_up(self, engine) -> None:
-        for target in ("policy", "drafter"):
-            for f in sorted(set(self.overlay[target].values())):
-                await engine.load_weights(str(f), target)
-        await self.pool.label([engine])
-
-    def _remember(self, files: list[Path], names: list[str], target: str, version: int, keep: bool) -> None:
-        """Record where each committed tensor's value lives, for rollback and engine restarts."""
-        folder = self.state_dir / target
-        folder.mkdir(parents=True, exist_ok=True)
-        kept = []
-        for i, f in enumerate(files):
-            dest = folder / f"v{version}-{i}.safetensors"
-            if keep:
-                shutil.copyfile(f, dest)
-            else:
-                shutil.move(f, dest)
-            kept.append(dest)
-        from safetensors import safe_open
-
-        for dest in kept:
-            with safe_open(dest, "pt") as fh:
-                for name in fh.keys():
-                    self.overlay[target][name] = dest
-        live = set(self.overlay[target].values())
-        for old in folder.glob("*.safetensors"):
-            if old not in live:
-                recycle(old, self.spare_dir)      # no engine reads it any more
-
     async def _roll_back(self, engines, names: list[str], target: str) -> None:
-        path = await asyncio.to_thread(self._previous_values, names, target)   # reads and writes a model's worth
+        # reads and writes a model's worth
+        path = await asyncio.to_thread(self.committed.values_file, names, target)
         try:
             for e in engines:
                 try:
@@ -201,25 +140,3 @@ class WeightCommitter:
                     self.pool.mark_unhealthy(e, f"could not restore {target} weights (the supervisor restarts it)")
         finally:
             path.unlink(missing_ok=True)
-
-    def _previous_values(self, names: list[str], target: str) -> Path:
-        """A safetensors file with the committed values of `names` (overlay first, else the checkpoint)."""
-        from safetensors import safe_open
-        from safetensors.torch import save_file
-
-        wanted = set(names)
-        values = {}
-        for name in list(wanted):
-            src = self.overlay[target].get(name)
-            if src is not None:
-                with safe_open(src, "pt") as fh:
-                    values[name] = fh.get_tensor(name)
-        for f in safetensors_files(Path(self.checkpoints[target])):
-            with safe_open(f, "pt") as fh:
-                for name in fh.keys():
-                    if name in wanted and name not in values:
-                        values[name] = fh.get_tensor(name)
-        out = self.state_dir / f"rollback-{target}.safetensors"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        save_file(values, str(out))
-        return out

@@ -16,7 +16,7 @@ from rollout_service.weights.committer import WeightCommitter
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest
 from rollout_service.weights.paths import resolve_roots, weight_files
 from rollout_service.weights.shield import run_to_end
-from rollout_service.weights.scratch import scratch_root
+from rollout_service.scratch import scratch_root
 from rollout_service.weights.staging import Stager
 
 log = logging.getLogger(__name__)
@@ -77,16 +77,11 @@ class WeightService:
         self.roots = resolve_roots(weights_roots)     # LoadWeights reads only below these
 
     @classmethod
-    def create(cls, pool, policy_dir: str, serving_dtype: str, drafter_dir: str | None = None, *,
-               weights_roots: list[str]) -> "WeightService":
-        state = scratch_root() / "committed"
-        committer = WeightCommitter(pool, {"policy": Path(policy_dir),
-                                           "drafter": Path(drafter_dir) if drafter_dir else None}, state,
-                                    spare_dir=scratch_root())
-        manifests = {"policy": read_manifest(policy_dir, serving_dtype)}
-        if drafter_dir:
-            manifests["drafter"] = read_manifest(drafter_dir, serving_dtype)
-        return cls(committer, manifests, weights_roots)
+    def create(cls, pool, serving_dtype: str, *, weights_roots: list[str]) -> "WeightService":
+        """Pushes to the targets the pool was given checkpoints for, validated against their manifests."""
+        manifests = {t: read_manifest(str(ckpt), serving_dtype)
+                     for t, ckpt in pool.committed.checkpoints.items() if ckpt is not None}
+        return cls(WeightCommitter(pool), manifests, weights_roots)
 
     def _check_header(self, h: Header) -> None:
         if h.version <= 0:

@@ -23,7 +23,7 @@ import numpy as np
 
 from rollout_service.errors import invalid
 from rollout_service.weights.manifest import Manifest
-from rollout_service.weights.scratch import recycle, take_spare
+from rollout_service.scratch import recycle, take_spare
 from rollout_service.wire import ITEMSIZE, SAFETENSORS_CODE
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)    # Linux >= 5.14; Python 3.11 lacks the name

@@ -22,9 +22,9 @@ def make_service(tmp_path):
     (ckpt / "config.json").write_text("{}")
 
     async def make(engines=2):
-        pool = EnginePool([FakeEngine(f"e{i}") for i in range(engines)], max_queue=10)
+        pool = EnginePool([FakeEngine(f"e{i}") for i in range(engines)], max_queue=10, checkpoints={"policy": ckpt})
         await pool.start()
-        return pool, WeightService.create(pool, str(ckpt), "float32", weights_roots=[str(tmp_path)])
+        return pool, WeightService.create(pool, "float32", weights_roots=[str(tmp_path)])
     return make
 
 

@@ -37,7 +37,7 @@ def test_serving_dtype_is_accepted_other_dtypes_are_not(make_service):
 
 
 def test_engine_failure_rolls_back_every_engine(make_service):
-    from rollout_service.weights import scratch
+    from rollout_service import scratch
 
     async def main():
         pool, svc = await make_service()
@@ -60,7 +60,7 @@ def test_engine_failure_rolls_back_every_engine(make_service):
 def test_failed_prepare_changes_nothing_and_never_pauses(make_service):
     """An engine that cannot load the new weights beside the served ones fails the push before any engine
     pauses: every engine drops what it prepared and keeps serving the old version."""
-    from rollout_service.weights import scratch
+    from rollout_service import scratch
 
     async def main():
         pool, svc = await make_service()
@@ -169,7 +169,7 @@ def test_push_cancelled_during_its_commit_still_commits_on_every_engine_or_none(
     """The client goes away (the RPC is cancelled) while engine 0 has swapped the new weights in and engine 1
     is still swapping: the commit runs to its end, so no engine stays paused or holds weights under a wrong
     version label, and the staging file is removed."""
-    from rollout_service.weights import scratch
+    from rollout_service import scratch
 
     async def main():
         pool, svc = await make_service()
@@ -188,7 +188,7 @@ def test_push_cancelled_during_its_commit_still_commits_on_every_engine_or_none(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        async with svc.committer.lock:          # the commit holds it until it has ended
+        async with pool.push_lock:          # the commit holds it until it has ended
             pass
         for e in pool.engines:
             assert e.state is not EngineState.PAUSED

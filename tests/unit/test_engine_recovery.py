@@ -22,7 +22,7 @@ def test_engine_that_cannot_be_restored_is_restarted_at_the_committed_version(ma
             await push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 2, partial=True)
         eng = pool.engines[0]
         assert eng.state.name == "UNHEALTHY" and not pool.ready
-        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        sup = Supervisor(pool, pool.restart_at_committed)
         assert sup.check() == ["e0"]
         await asyncio.gather(*sup.restarting.values())
         assert eng.state.name == "READY" and pool.ready and eng.restarts == 1
@@ -38,7 +38,7 @@ def test_dead_engine_fails_its_requests_as_retriable_and_comes_back_at_the_commi
         pool, svc = await make_service()
         pushed = {"a.weight": torch.full((4, 3), 3.0)}
         await push(svc, pushed, 1, partial=True)
-        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        sup = Supervisor(pool, pool.restart_at_committed)
         assert sup.check() == []                                      # healthy engines are left alone
         groups = [[SeqRequest(seq_id=f"s-{p}", prompt_token_ids=[1], max_tokens=10_000)] for p in range(2)]
         rec = pool.submit("req-1", b"fp", groups)                    # one sequence on each engine
@@ -65,7 +65,7 @@ def test_dead_engine_fails_its_requests_as_retriable_and_comes_back_at_the_commi
 def test_failing_restarts_back_off_and_keep_the_engine_out_of_service(make_service):
     async def main():
         pool, svc = await make_service()
-        sup = Supervisor(pool, svc.committer.restart_at_committed, max_backoff_s=0.01)
+        sup = Supervisor(pool, pool.restart_at_committed, max_backoff_s=0.01)
         eng = pool.engines[1]
         eng.kill()
         eng.fail_starts = 2
@@ -86,7 +86,7 @@ def test_scale_out_starts_at_the_committed_versions_and_scale_in_drops_nothing(m
         pool, svc = await make_service()
         pushed = {"a.weight": torch.full((4, 3), 5.0)}
         await push(svc, pushed, 1, partial=True)
-        scaler = Scaler(pool, svc.committer, lambda eid: FakeEngine(eid, step_s=0.002))
+        scaler = Scaler(pool, lambda eid: FakeEngine(eid, step_s=0.002))
         await scaler.scale(3)
         new = pool.engines[2]
         assert new.id == "engine-2"
@@ -115,7 +115,7 @@ def test_a_dead_engine_is_logged_with_its_reason_even_when_it_marked_itself_unhe
         dead = pool.engines[0]
         dead.kill()
         dead.state = EngineState.UNHEALTHY
-        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        sup = Supervisor(pool, pool.restart_at_committed)
         with caplog.at_level("ERROR", logger="rollout_service.pool.pool"):
             assert sup.check() == ["e0"]
         await asyncio.gather(*sup.restarting.values())

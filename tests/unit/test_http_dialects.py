@@ -47,9 +47,10 @@ def make(tmp_path):
     save_file({"a.weight": torch.ones(3, 4)}, str(tmp_path / "bad.safetensors"))
 
     async def build(creds=None, max_queue=10, engines=1):
-        pool = EnginePool([FakeEngine(f"e{i}", vocab_size=100) for i in range(engines)], max_queue=max_queue)
+        pool = EnginePool([FakeEngine(f"e{i}", vocab_size=100) for i in range(engines)], max_queue=max_queue,
+                          checkpoints={"policy": ckpt})
         await pool.start()
-        weights = WeightService.create(pool, str(ckpt), "float32", weights_roots=[str(tmp_path)])
+        weights = WeightService.create(pool, "float32", weights_roots=[str(tmp_path)])
         model = ModelInfo(path="tiny", vocab_size=100, max_model_len=256, tokenizer=Tokenizer())
         servicer = RolloutServicer(pool, model, Limits(4, 8), weights)
         app = build_http_app(servicer, creds)

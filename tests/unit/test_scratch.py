@@ -17,7 +17,7 @@ def test_failed_or_cut_staging_leaves_only_the_spare(tmp_path):
     from safetensors import safe_open
 
     from rollout_service.weights.manifest import Manifest, TensorSpec
-    from rollout_service.weights.scratch import SPARE_NAME
+    from rollout_service.scratch import SPARE_NAME
     from rollout_service.weights.staging import Stager
 
     manifest = Manifest({"w": TensorSpec("float32", (4,))}, frozenset(), "float32")
@@ -52,7 +52,7 @@ def test_recycled_staging_never_overwrites_a_committed_value(make_service):
     """Superseded and failed pushes become the spare the next push stages into. A file still holding a
     committed value (v1's b.bias after a partial v2) is never recycled: failed pushes that scribble into
     the spare leave every overlay intact, and a restarted engine gets exactly the committed values."""
-    from rollout_service.weights import scratch
+    from rollout_service import scratch
 
     async def main():
         pool, svc = await make_service()
@@ -77,7 +77,7 @@ def test_recycled_staging_never_overwrites_a_committed_value(make_service):
         assert len(list((root / "committed" / "policy").glob("*.safetensors"))) == 2      # v1 (b.bias), v3 (a)
         dead = pool.engines[0]
         dead.kill()
-        sup = Supervisor(pool, svc.committer.restart_at_committed)
+        sup = Supervisor(pool, pool.restart_at_committed)
         assert sup.check() == ["e0"]
         await asyncio.gather(*sup.restarting.values())
         assert torch.equal(dead.weights["a.weight"], torch.full((4, 3), 3.0))
@@ -93,7 +93,7 @@ def test_start_up_sweeps_staging_left_by_dead_servers(tmp_path, monkeypatch):
     import os
     import subprocess
 
-    from rollout_service.weights import scratch
+    from rollout_service import scratch
 
     monkeypatch.setattr(scratch, "_scratch_base", lambda: tmp_path)
     proc = subprocess.Popen(["true"])

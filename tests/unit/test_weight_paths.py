@@ -92,8 +92,8 @@ def _service(tmp_path, roots):
     ckpt.mkdir(exist_ok=True)
     save_file({"a.weight": torch.zeros(4, 3)}, str(ckpt / "model.safetensors"))
     (ckpt / "config.json").write_text("{}")
-    pool = EnginePool([FakeEngine("e0")], max_queue=10)
-    return pool, WeightService.create(pool, str(ckpt), "float32", weights_roots=roots)
+    pool = EnginePool([FakeEngine("e0")], max_queue=10, checkpoints={"policy": ckpt})
+    return pool, WeightService.create(pool, "float32", weights_roots=roots)
 
 
 def test_load_reads_off_the_loop_and_a_timed_out_load_changes_nothing(root, tmp_path, monkeypatch):
@@ -121,13 +121,13 @@ def test_load_reads_off_the_loop_and_a_timed_out_load_changes_nothing(root, tmp_
             await svc.load(str(root), 1, "policy", "wait", partial=True, timeout=0.3)
         assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED and "deadline" in e.value.message
         assert time.monotonic() - t0 < 2 and ticks >= 10          # the loop kept running meanwhile
-        assert not svc.committer.lock.locked() and pool.policy_version == 0
+        assert not pool.push_lock.locked() and pool.policy_version == 0
         task = asyncio.create_task(svc.load(str(root), 1, "policy", "wait", partial=True))
         await asyncio.sleep(0.1)
         task.cancel()                                              # a client that went away
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert not svc.committer.lock.locked() and pool.policy_version == 0
+        assert not pool.push_lock.locked() and pool.policy_version == 0
         release.set()
         out = await svc.load(str(root), 1, "policy", "wait", partial=True)
         assert out.version == 1 and pool.policy_version == 1

@@ -142,14 +142,14 @@ class Gateway:
                 "total_s": round(out.total_s, 3), "pause_s": round(out.pause_s, 3)}
 
     async def pause(self, mode: str) -> None:
-        await self.servicer.weights.committer.hold(mode)
+        await self.servicer.pool.hold(mode)
 
     async def resume(self) -> None:
-        await self.servicer.weights.committer.release()
+        await self.servicer.pool.release()
 
     @property
     def paused(self) -> bool:
-        return self.servicer.weights.committer.held is not None
+        return self.servicer.pool.held is not None
 
     def abort(self, request_ids: list[str] | None) -> int:
         """Fail the named requests (None: every unfinished one) with ABORTED; their engine work stops."""
