@@ -23,6 +23,7 @@ SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "suffix", "mtp")
 MODEL_FREE_METHODS = ("ngram", "suffix")    # draft from the tokens seen so far: no drafter model, no draft cost
 K_CONTROLS = ("auto", "fixed")
 WEIGHT_RELOADS = ("shadow", "in_place")
+WEIGHT_TRANSFERS = ("auto", "gloo", "nccl", "ipc", "sparse_nccl", "nccl_m2n", "none")
 DTYPES = ("auto", *TENSOR_DTYPES)                # what the engine computes in; pushes may use it too
 OPEN_BATCH = 1 << 20      # "and above" in a k_by_batch_size range (vLLM clamps ranges to max_num_seqs)
 
@@ -110,6 +111,15 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "while paused (no extra memory; the pause lasts the whole load: 0.2-0.4 s for the default model on 2 cores, "
         "against ~20 ms for shadow). On GPU nodes whose memory is mostly given to the KV cache, in_place avoids "
         "running out of device memory", "--weight-reload") = "shadow"
+    weight_transfer: option(
+        Literal[WEIGHT_TRANSFERS],
+        "the backend of InitWeightTransfer / TransferWeights (weights over a collective group, vLLM's weight-transfer "
+        "engines): `auto` = `gloo` on CPU (this project's backend, vLLM's stateless gloo group), `nccl` on GPUs; "
+        "`ipc`, `sparse_nccl`, `nccl_m2n`: vLLM's own (GPU nodes); `none`: only PushWeights and LoadWeights",
+        "--weight-transfer") = "auto"
+    weight_transfer_timeout_s: option(
+        float, "how long a weight-transfer rendezvous or push waits for every rank (a trainer rank that never joins or "
+               "dies mid-push fails it then, nothing changed)", "--weight-transfer-timeout-s", gt=0) = 120.0
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
 

@@ -75,6 +75,24 @@ class Engine(abc.ABC):
         engine loads in place instead (engine.weight_reload = "in_place"), so the commit calls load_weights
         while paused."""
 
+    async def init_transfer(self, init_info: dict) -> int:
+        """Join a weight-transfer group (vLLM's init_weight_transfer_engine with this engine's rank offset in
+        `init_info`); returns once every worker joined. Returns how many ranks the engine takes (its workers)."""
+        raise NotImplementedError(f"{type(self).__name__} has no weight-transfer backend")
+
+    async def close_transfer(self) -> None:
+        """Leave the weight-transfer group, if any."""
+
+    def transfer_ranks(self) -> int:
+        """Ranks this engine takes in a weight-transfer group (one per worker)."""
+        return 1
+
+    async def prepare_transfer(self, update_info: dict, target: str, record_path: str, on_receiving) -> None:
+        """prepare_weights, the tensors arriving over the weight-transfer group: calls on_receiving() once the
+        engine listens, returns once they are loaded beside the served weights (then swap_weights or
+        discard_weights). record_path: also write them there as safetensors (empty: do not)."""
+        raise NotImplementedError(f"{type(self).__name__} has no weight-transfer backend")
+
     @abc.abstractmethod
     async def swap_weights(self, target: str) -> None:
         """Serve the prepared weights from the next step on (engine paused)."""

@@ -46,6 +46,13 @@ def speculative_config(sp) -> dict | None:
 K_SCHEDULER = "rollout_service.speculation.k_scheduler.KControlledScheduler"
 
 
+def transfer_backend(choice: str) -> str:
+    """engine.weight_transfer -> the vLLM weight-transfer backend: `auto` is gloo on CPU, nccl on GPUs."""
+    if choice != "auto":
+        return choice
+    return "gloo" if is_cpu_platform() else "nccl"
+
+
 class VllmEngine(Engine):
     """One vLLM AsyncLLM. The policy version is vLLM's weight version, so spans come back per sample."""
 
@@ -88,6 +95,8 @@ class VllmEngine(Engine):
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
             worker_extension_cls="rollout_service.engine.worker_ext.RolloutWorkerExtension",
+            weight_transfer_config={"backend": transfer_backend(self.cfg.weight_transfer)}
+            if self.cfg.weight_transfer != "none" else None,
         )
 
     async def start(self) -> None:
@@ -179,24 +188,54 @@ class VllmEngine(Engine):
     async def prepare_weights(self, paths: list[str], target: str) -> bool:
         if self.cfg.weight_reload == "in_place":
             return False
-        # The worker loads in a thread (worker_ext.rollout_prepare_weights) and the RPC returns at once, so
-        # the engine core keeps stepping; the thread reports through a file (the workers are this process's
-        # children on the same machine, so they share its temp dir).
+        result = await self._worker_job("rollout_prepare_weights", ([str(p) for p in paths], target),
+                                        f"preparing {target} weights")
+        self._log_prepared(target, result)
+        return True
+
+    async def init_transfer(self, init_info: dict) -> int:
+        # vLLM's init_weight_transfer_engine, run in a worker thread: the rendezvous may wait for the trainer's
+        # ranks up to the group's timeout, and generation goes on meanwhile
+        await self._worker_job("rollout_transfer_init", (init_info,), "joining the weight-transfer group")
+        return self.transfer_ranks()
+
+    def transfer_ranks(self) -> int:
+        return self.cfg.tensor_parallel_size
+
+    async def close_transfer(self) -> None:
+        if self.llm is not None and not self.llm.errored:
+            await self.llm.collective_rpc("shutdown_weight_transfer_engine")
+
+    async def prepare_transfer(self, update_info: dict, target: str, record_path: str, on_receiving) -> None:
+        if self.cfg.weight_reload == "in_place":
+            raise RuntimeError("weight transfers need engine.weight_reload = shadow (they load while generating)")
+        result = await self._worker_job("rollout_transfer_prepare", (update_info, target, record_path),
+                                        f"receiving {target} weights", on_receiving)
+        self._log_prepared(target, result)
+
+    def _log_prepared(self, target: str, result: dict) -> None:
+        log.info("%s: prepared %s weights (%s)", self.id, target,
+                 ", ".join(f"{k} {v:.3f} s" for k, v in result.get("phases_s", {}).items()))
+
+    async def _worker_job(self, method: str, args: tuple, what: str, on_started=None) -> dict:
+        """Run a worker_ext job that works in a thread of the worker: the RPC returns at once, so the engine core
+        keeps stepping; the thread reports through a file (the workers are this process's children on the same
+        machine, so they share its temp dir)."""
         done = Path(tempfile.gettempdir()) / f"rollout-prepared-{os.getpid()}-{self.id}-{time.monotonic_ns()}.json"
-        await self.llm.collective_rpc("rollout_prepare_weights", args=([str(p) for p in paths], target, str(done)))
+        await self.llm.collective_rpc(method, args=(*args, str(done)))
+        if on_started is not None:
+            on_started()
         try:
             while not done.exists():
                 if self.llm.errored:
-                    raise RuntimeError(f"{self.id}: {self.death_reason()} while preparing {target} weights")
+                    raise RuntimeError(f"{self.id}: {self.death_reason()} while {what}")
                 await asyncio.sleep(PREPARE_POLL_S)
             result = json.loads(done.read_text())
         finally:
             done.unlink(missing_ok=True)
         if "error" in result:
-            raise RuntimeError(f"preparing {target} weights failed in the worker: {result['error']}")
-        log.info("%s: prepared %s weights (%s)", self.id, target,
-                 ", ".join(f"{k} {v:.3f} s" for k, v in result.get("phases_s", {}).items()))
-        return True
+            raise RuntimeError(f"{what} failed in the worker: {result['error']}")
+        return result
 
     async def swap_weights(self, target: str) -> None:
         await self.llm.collective_rpc("rollout_swap_weights", args=(target,))

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from rollout_service.engine import lifeline  # noqa: F401 - this worker's engine dies with the server
-from rollout_service.engine import shadow_reload
+from rollout_service.engine import gloo_transfer, shadow_reload
 from rollout_service.speculation import cpu_fix, cpu_noise, k0_fastpath, suffix_k
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ cpu_fix.install()
 k0_fastpath.install()     # steps without drafts sample like a plain engine
 cpu_noise.install()       # speculative sampling draws its noise as fast as the plain sampler
 suffix_k.install()        # suffix decoding drafts the k chosen for each step
+gloo_transfer.register()  # the CPU's weight-transfer backend, beside vLLM's nccl / ipc
 
 
 class RolloutWorkerExtension:
@@ -38,7 +39,7 @@ class RolloutWorkerExtension:
         Returns the number of tensors loaded.
         """
         model, model_config = self._rollout_target(target)
-        return _reload(self.vllm_config, model, model_config, [path], target)
+        return _reload(self.vllm_config, model, model_config, lambda load: _from_files([path], load))
 
     def rollout_freeze_startup_objects(self) -> None:
         """See _collect_previous_shadows: called once the engine is up, so commits never pay for it."""
@@ -51,6 +52,55 @@ class RolloutWorkerExtension:
         that file rather than polling with RPCs, which would keep this worker's message loop spinning on
         the cores the preparation needs. Then rollout_swap_weights (generation paused) applies the
         prepared weights, or rollout_discard_weights drops them."""
+        self._rollout_prepare(target, done_path, lambda load: _from_files(paths, load), f"files {paths}")
+
+    def rollout_transfer_prepare(self, update_info: dict, target: str, record_path: str, done_path: str) -> None:
+        """rollout_prepare_weights, but the tensors arrive over the weight-transfer group (init_weight_transfer_engine,
+        any registered backend: gloo here, nccl on GPU nodes) while generation goes on. The backend's transport is
+        used as is; only its load target is the shadow. record_path (non-empty on one engine of the pool): also
+        write the received tensors there as safetensors, the committed record restarts and rollbacks replay."""
+        engine = self.weight_transfer_engine
+        if engine is None:
+            raise RuntimeError("this engine was started without a weight-transfer backend (engine.weight_transfer)")
+        typed = engine.parse_update_info(update_info)        # a malformed payload fails here, before anything starts
+
+        def feed(load):
+            from rollout_service.engine.record import Recorder
+
+            recorder = Recorder(record_path, update_info) if record_path else None
+            sink = _Sink(load, recorder)
+            engine.set_weight_update_target(sink, None)
+            try:
+                engine.receive_weights(typed)
+                if torch_accelerated():
+                    import torch
+
+                    torch.accelerator.synchronize()
+            finally:
+                engine.reset_weight_update_target()
+                if recorder is not None:
+                    recorder.close()
+        self._rollout_prepare(target, done_path, feed, f"the {type(engine).__name__} group")
+
+    def rollout_transfer_init(self, init_info: dict, done_path: str) -> None:
+        """vLLM's init_weight_transfer_engine in a thread: the rendezvous waits for the trainer's ranks (up to the
+        group's timeout), and generation must not stop meanwhile. Reports through done_path like a preparation."""
+        engine = self.weight_transfer_engine
+        if engine is None:
+            raise RuntimeError("this engine was started without a weight-transfer backend (engine.weight_transfer)")
+        typed = engine.parse_init_info(init_info)           # a malformed payload fails here
+
+        def run():
+            result: dict = {}
+            try:
+                engine.init_transfer_engine(typed)
+            except BaseException as err:  # reported to the front end through done_path
+                result["error"] = f"{type(err).__name__}: {err}"
+                log.warning("joining the weight-transfer group failed: %s", result["error"])
+            _report(done_path, result)
+        threading.Thread(target=run, name="rollout-transfer-init", daemon=True).start()
+
+    def _rollout_prepare(self, target: str, done_path: str, feed, source: str) -> None:
         self.rollout_discard_weights()
         model, model_config = self._rollout_target(target)
         job = _Prepare(target)
@@ -64,19 +114,16 @@ class RolloutWorkerExtension:
                 t1 = time.perf_counter()
                 shadow = shadow_reload.make_shadow(model)
                 t2 = time.perf_counter()
-                result["tensors"] = _reload(self.vllm_config, shadow.root, model_config, paths, target)
+                result["tensors"] = _reload(self.vllm_config, shadow.root, model_config, feed)
                 result["phases_s"] = {"gc": t1 - t0, "shadow": t2 - t1, "load": time.perf_counter() - t2}
                 job.shadow = shadow
             except BaseException as err:  # reported to the front end through done_path
                 if shadow is not None:
                     shadow_reload.release(shadow)
                 result["error"] = f"{type(err).__name__}: {err}"
-                log.exception("preparing %s weights from %s failed", target, paths)
+                log.exception("preparing %s weights from %s failed", target, source)
             finally:
-                tmp = f"{done_path}.tmp"
-                with open(tmp, "w") as f:
-                    json.dump(result, f)
-                os.replace(tmp, done_path)
+                _report(done_path, result)
         self._rollout_pending = job
         job.thread = threading.Thread(target=run, name="rollout-prepare-weights", daemon=True)
         job.thread.start()
@@ -114,6 +161,13 @@ class RolloutWorkerExtension:
 _frozen = False
 
 
+def _report(done_path: str, result: dict) -> None:
+    tmp = f"{done_path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, done_path)
+
+
 def _collect_previous_shadows() -> None:
     """Free what earlier commits' shadows left in reference cycles (release() breaks the ones it knows
     of, vLLM's loaders make more; without this the worker grew ~0.3 GB per push, bench/weight_push.py's
@@ -135,31 +189,56 @@ class _Prepare:
     shadow: object = None
 
 
-def _tensors(paths: list[str]):
+def _from_files(paths: list[str], load) -> None:
     from safetensors import safe_open
 
-    for path in paths:
-        with safe_open(path, "pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+    def tensors():
+        for path in paths:
+            with safe_open(path, "pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+    load(tensors())
 
 
-def _reload(vllm_config, model, model_config, paths: list[str], target: str) -> int:
-    """vLLM's layerwise reload of `paths` into `model` (served or shadow). Returns the tensor count."""
+class _Sink:
+    """What a weight-transfer backend loads into (its `model`): the reload's load, and the recorder if any."""
+
+    def __init__(self, load, recorder):
+        self.load, self.recorder = load, recorder
+
+    def load_weights(self, items):
+        items = list(items)
+        if self.recorder is not None:
+            self.recorder.write(items)
+        self.load(items)
+
+
+def torch_accelerated() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _reload(vllm_config, model, model_config, feed) -> int:
+    """vLLM's layerwise reload into `model` (served or shadow): feed(load) calls load(iterable of (name, tensor))
+    once or more. Returns the tensor count."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
                                                          initialize_layerwise_reload)
 
     count = 0
 
-    def counted():
+    def counted(items):
         nonlocal count
-        for item in _tensors(paths):
+        for item in items:
             count += 1
             yield item
+
+    def load(items):
+        model.load_weights(counted(items))
     with set_current_vllm_config(vllm_config):
         initialize_layerwise_reload(model)
-        model.load_weights(counted())
+        feed(load)
         finalize_layerwise_reload(model, model_config)
         _refresh_tied_head(model, model_config)
     return count

@@ -43,7 +43,30 @@ class Telemetry:
                                  ["policy_version", "draft_version"], registry=r)
         self.m_accepted = Counter("rollout_spec_accepted_tokens", "Draft tokens accepted",
                                   ["policy_version", "draft_version"], registry=r)
+        self.m_pushes = Counter("rollout_weight_pushes", "Weight pushes by path (stream: PushWeights/UpdateDraft, "
+                                "path: LoadWeights, transfer: TransferWeights) and outcome", ["path", "outcome"],
+                                registry=r)
+        self.m_push_gbps = Gauge("rollout_weight_push_gb_per_second",
+                                 "End-to-end rate of the last committed push (call to new version serving)", ["path"],
+                                 registry=r)
+        self.m_push_pause = Gauge("rollout_weight_push_pause_seconds", "Generation pause of the last committed push",
+                                  ["path"], registry=r)
+        self.m_transfer_world = Gauge("rollout_weight_transfer_world_size",
+                                      "Ranks of the weight-transfer group (0: none set up)", registry=r)
+        self.last_push: dict = {}                      # path, target, bytes, seconds, pause_s of the last commit
         r.register(_KControlCollector(self))
+
+    def push_committed(self, path: str, target: str, num_bytes: int, seconds: float, pause_s: float) -> None:
+        self.m_pushes.labels(path, "committed").inc()
+        self.m_push_gbps.labels(path).set(num_bytes / seconds / 1e9 if seconds > 0 else 0.0)
+        self.m_push_pause.labels(path).set(pause_s)
+        self.last_push = dict(path=path, target=target, num_bytes=num_bytes, seconds=seconds, pause_s=pause_s)
+
+    def push_failed(self, path: str) -> None:
+        self.m_pushes.labels(path, "failed").inc()
+
+    def transfer_group(self, world_size: int) -> None:
+        self.m_transfer_world.set(world_size)
 
     def engine_restarted(self, engine_id: str) -> None:
         self.m_restarts.labels(engine=engine_id).inc()

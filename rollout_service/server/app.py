@@ -32,6 +32,7 @@ from rollout_service.server.http_app import build_http_app
 from rollout_service.server.loop_watchdog import LoopWatchdog, freeze_startup_heap
 from rollout_service.validation import Limits
 from rollout_service.weights.service import WeightService
+from rollout_service.weights.transfer import WeightTransfer
 from rollout_service.scratch import remove_scratch_root, sweep_stale_roots
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,17 @@ def serving_dtype(cfg: ServerConfig, model_path: str) -> str:
     return dtype
 
 
+def transfer_backend_of(cfg: ServerConfig) -> str:
+    """The engines' weight-transfer backend (engine.weight_transfer, `auto` resolved by device)."""
+    if cfg.engine.weight_transfer == "none":
+        return "none"
+    try:
+        from rollout_service.engine.vllm_engine import transfer_backend
+    except ImportError:             # no vLLM (unit tests with the fake engine): the CPU's backend
+        return "gloo" if cfg.engine.weight_transfer == "auto" else cfg.engine.weight_transfer
+    return transfer_backend(cfg.engine.weight_transfer)
+
+
 def weights_roots(cfg: ServerConfig) -> list[str]:
     """Where LoadWeights may read: security.weights_roots, else the service's cache directory."""
     from rollout_service.models import cache_dir
@@ -90,8 +102,10 @@ class RolloutServer:
         self.creds = load_credentials(cfg.security, cfg.host)
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens)
         self.scaler = Scaler(self.pool, factory)
+        self.transfer = WeightTransfer(self.weights, transfer_backend_of(cfg), cfg.engine.weight_transfer_timeout_s)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
-                                        max_streams_per_client=cfg.max_streams_per_client, creds=self.creds)
+                                        max_streams_per_client=cfg.max_streams_per_client, creds=self.creds,
+                                        transfer=self.transfer)
         self.health = HealthServicer(("", SERVICE_NAME))
         limit = cfg.max_message_mb * 1024 * 1024
         # gRPC's receive cap sits well above max_message_mb (and above the client's 4 MiB push chunks) so

@@ -2,7 +2,7 @@
 
 Two tokens: the client token opens the data plane (Generate, GetStatus, reflection, HTTP status and
 metrics); the admin token opens everything, including the control plane (PushWeights, UpdateDraft,
-LoadWeights). gRPC health checks and HTTP /healthz stay open so probes need no secret. Tokens are
+LoadWeights, the weight-transfer RPCs). gRPC health checks and HTTP /healthz stay open so probes need no secret. Tokens are
 compared in constant time and never logged: a client is named in logs and limits by a short hash.
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from rollout_service.config import ConfigError, SecurityConfig, is_loopback
 
 log = logging.getLogger(__name__)
 
-ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in ("PushWeights", "UpdateDraft", "LoadWeights",
-                                                                          "ScaleEngines"))
+ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in (
+    "PushWeights", "UpdateDraft", "LoadWeights", "ScaleEngines", "InitWeightTransfer", "TransferWeights",
+    "CloseWeightTransfer"))
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 OPEN_HTTP_PATHS = frozenset({"/healthz", "/health"})
 # HTTP dialect endpoints that change what is served or stop others' work: the admin token, as on gRPC

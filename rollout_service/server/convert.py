@@ -5,6 +5,7 @@ from rollout_service.api import pb
 from rollout_service.config import MODEL_FREE_METHODS
 from rollout_service.errors import invalid
 from rollout_service.weights.service import Header, PushOutcome
+from rollout_service.weights.transfer import Meta
 from rollout_service.engine.base import EngineState
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedResult
@@ -118,6 +119,18 @@ def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:
     elif target != "policy":
         raise invalid("PushWeights: header.target must be TARGET_POLICY (use UpdateDraft for the drafter)")
     return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial)
+
+
+def group_to_proto(g) -> pb.WeightTransferGroup:
+    """weights.transfer.Group -> WeightTransferGroup."""
+    return pb.WeightTransferGroup(
+        backend=g.backend, world_size=g.world_size, trainer_ranks=g.trainer_ranks, joined=g.joined,
+        engines=[pb.EngineRanks(engine=e.id, rank_offset=off, ranks=n) for e, off, n in g.engines],
+        buffer_bytes=g.buffer_bytes, group_id=g.group_id, timeout_s=g.timeout_s)
+
+
+def metas_from_proto(tensors) -> list[Meta]:
+    return [Meta(t.name, t.dtype, tuple(t.shape), t.src_rank) for t in tensors]
 
 
 def push_result_to_proto(o: PushOutcome) -> pb.PushResult:

@@ -15,10 +15,11 @@ from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import RequestRecord
 from rollout_service.pool.scaling import Scaler
 from rollout_service.server.auth import Credentials, caller_id
-from rollout_service.server.convert import (header_from_proto, target_and_mode, push_result_to_proto,
-                                            sample_to_proto, status_to_proto)
+from rollout_service.server.convert import (group_to_proto, header_from_proto, metas_from_proto, push_result_to_proto,
+                                            sample_to_proto, status_to_proto, target_and_mode)
 from rollout_service.validation import CheckedRequest, Limits, check_generate
 from rollout_service.weights.service import Chunk, Trailer, WeightService
+from rollout_service.weights.transfer import WeightTransfer
 
 log = logging.getLogger(__name__)
 TOKENIZER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
@@ -28,7 +29,8 @@ HEAVY_REQUEST_BYTES = 256 << 10      # checked in TOKENIZER's thread above this 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
                  speculation: SpeculationConfig | None = None, scaler: Scaler | None = None, *,
-                 max_streams_per_client: int = 64, creds: Credentials | None = None):
+                 max_streams_per_client: int = 64, creds: Credentials | None = None,
+                 transfer: WeightTransfer | None = None):
         self.speculation = speculation or SpeculationConfig()
         self.scaler = scaler
         self.max_streams_per_client = max_streams_per_client
@@ -39,6 +41,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.model = model
         self.limits = limits
         self.weights = weights
+        self.transfer = transfer or WeightTransfer(weights, "none", 120.0)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         caller = caller_id(context, self.creds)
@@ -108,6 +111,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         k = sp.num_speculative_tokens if sp.method != "none" else 0
         status = status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
                                  sp.method, k, sp.draft_cost, k_mode(sp))
+        if self.transfer.group is not None:
+            status.weight_transfer.CopyFrom(group_to_proto(self.transfer.group))
         for w in status.warnings:
             if w not in self._warned:
                 self._warned.add(w)
@@ -159,8 +164,13 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
             out = await self.weights.push(header, chunks())
         except ServiceError as e:
+            self.pool.telemetry.push_failed("stream")
             await context.abort(e.code, e.message)
+        self._committed("stream", out)
         return push_result_to_proto(out)
+
+    def _committed(self, path: str, out) -> None:
+        self.pool.telemetry.push_committed(path, out.target, out.num_bytes, out.total_s, out.pause_s)
 
     async def LoadWeights(self, request: pb.LoadWeightsRequest, context) -> pb.PushResult:
         try:
@@ -168,5 +178,37 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             out = await self.weights.load(request.path, request.version, target, mode, request.partial,
                                           timeout=context.time_remaining())
         except ServiceError as e:
+            self.pool.telemetry.push_failed("path")
             await context.abort(e.code, e.message)
+        self._committed("path", out)
         return push_result_to_proto(out)
+
+    # ---- weights over a collective group (weights/transfer.py) -------------------------------------
+    async def InitWeightTransfer(self, request: pb.WeightTransferInit, context):
+        try:
+            async for group in self.transfer.init(request.backend, request.master_address, request.master_port,
+                                                  request.trainer_ranks, request.timeout_s):
+                yield group_to_proto(group)
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+
+    async def TransferWeights(self, request: pb.TransferRequest, context):
+        try:
+            target, mode = target_and_mode(request.target, request.in_flight, "TransferWeights: request")
+            async for item in self.transfer.push(request.version, target, mode, request.partial,
+                                                 metas_from_proto(request.tensors), request.group_id):
+                if isinstance(item, tuple):
+                    yield pb.TransferProgress(ready=pb.TransferReady(total_bytes=item[1]))
+                else:
+                    self._committed("transfer", item)
+                    yield pb.TransferProgress(result=push_result_to_proto(item))
+        except ServiceError as e:
+            self.pool.telemetry.push_failed("transfer")
+            await context.abort(e.code, e.message)
+
+    async def CloseWeightTransfer(self, request: pb.CloseWeightTransferRequest, context) -> pb.WeightTransferGroup:
+        try:
+            group = await self.transfer.close()
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return group_to_proto(group) if group is not None else pb.WeightTransferGroup()

@@ -53,15 +53,18 @@ class WeightCommitter:
                                f"{self.pool.versions[target]}; versions must strictly increase")
 
     async def commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
-                     keep_files: bool) -> CommitResult:
+                     keep_files: bool, prepare=None) -> CommitResult:
         """Apply `files` (safetensors holding `names`) as `version` of `target` on every engine.
 
         Runs to its end even when the caller is cancelled (shield.run_to_end), so no engine is left paused
         or half-loaded. keep_files=False hands the files to the committer: moved into its state when the
-        commit lands, deleted when it fails. keep_files=True (LoadWeights) copies and never deletes them."""
+        commit lands, deleted when it fails. keep_files=True (LoadWeights) copies and never deletes them.
+        prepare(engines) -> one awaitable per engine, giving True if it prepared beside the served weights, False
+        if it loads `files` in place once paused (default: each engine prepares from `files`). A weight transfer
+        prepares from its group, and `files` is then the record one engine writes while it receives."""
         async def commit_owning_files():
             try:
-                return await self._commit(files, names, version, target, mode, keep_files)
+                return await self._commit(files, names, version, target, mode, keep_files, prepare)
             finally:
                 if not keep_files:
                     for f in files:              # gone already if the commit moved them into its state
@@ -69,14 +72,15 @@ class WeightCommitter:
         return await run_to_end(commit_owning_files(), "commit")
 
     async def _commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
-                      keep_files: bool) -> CommitResult:
+                      keep_files: bool, prepare) -> CommitResult:
         async with self.pool.push_lock:
             self.check_version(target, version)      # again: a concurrent push may have won the race
             # Engines starting or restarting are left out: pool.restart_at_committed (under this lock) replays
             # every committed push, this one included, before they serve.
             engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
             t_prepare = time.perf_counter()
-            prepared = await self._prepare(engines, files, version, target)   # engines keep generating
+            prepare = prepare or (lambda es: [e.prepare_weights(files, target) for e in es])
+            prepared = await self._prepare(engines, prepare(engines), version, target)   # engines keep generating
             prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
             held = self.pool.held is not None                               # paused by an operator already
             if not held:
@@ -113,11 +117,10 @@ class WeightCommitter:
                      target, version, len(names), len(engines), apply_s, pause_s)
             return CommitResult(version, target, apply_s, pause_s, prepare_s)
 
-    async def _prepare(self, engines, files: list[Path], version: int, target: str) -> list[bool]:
+    async def _prepare(self, engines, preparing: list, version: int, target: str) -> list[bool]:
         """Every engine loads the new weights beside the served ones, or none keeps them. Per engine: True
         if it prepared, False if it loads in place once paused."""
-        results = await asyncio.gather(*(e.prepare_weights(files, target) for e in engines),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*preparing, return_exceptions=True)
         failed = [(e, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
         if not failed:
             return results

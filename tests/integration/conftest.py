@@ -5,9 +5,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess
+
 from tests.tiny_models import build_tiny_model
 
 SERVICE_ARGS = ["--max-queue", "64", "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32",
@@ -114,3 +114,17 @@ def service(tiny_model, tmp_path_factory):
 def client(service):
     with RolloutClient(service.target) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model, client):
+    """The trainer side: a model whose weights mirror what the shared service serves. Restored at the end of the
+    module (test_weights.py, test_weight_transfer.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    yield model
+    v = client.status().policy_version + 1
+    client.push_weights(original, v)

@@ -10,23 +10,12 @@ import pytest
 import torch
 from rollout_client import RolloutClient
 from rollout_client.weights import push_stream
-from transformers import AutoModelForCausalLM
 
 from rollout_service.api import pb
 from rollout_service.drafting.reference import processed_logprobs
 from tests.integration.conftest import wait_for
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
-
-
-@pytest.fixture(scope="module")
-def policy(tiny_model, client):
-    """The trainer side: a model whose weights mirror what the service serves. Restored at the end."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    original = {k: v.clone() for k, v in model.state_dict().items()}
-    yield model
-    v = client.status().policy_version + 1
-    client.push_weights(original, v)
 
 
 def next_version(client) -> int:

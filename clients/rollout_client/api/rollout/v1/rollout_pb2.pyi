@@ -282,7 +282,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control")
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +302,7 @@ class Status(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     K_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_TRANSFER_FIELD_NUMBER: _ClassVar[int]
     model: str
     policy_version: int
     draft_version: int
@@ -321,7 +322,8 @@ class Status(_message.Message):
     vocab_size: int
     max_model_len: int
     k_control: KControl
-    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ...) -> None: ...
+    weight_transfer: WeightTransferGroup
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ...) -> None: ...
 
 class KControl(_message.Message):
     __slots__ = ("mode", "steps_by_k", "acceptance", "draft_version", "choices")
@@ -352,3 +354,93 @@ class KChoice(_message.Message):
     expected_speedup: float
     realized_speedup: float
     def __init__(self, engine: _Optional[str] = ..., batch_sizes: _Optional[str] = ..., chosen_k: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ..., realized_speedup: _Optional[float] = ...) -> None: ...
+
+class WeightTransferInit(_message.Message):
+    __slots__ = ("backend", "master_address", "master_port", "trainer_ranks", "timeout_s")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_RANKS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    master_address: str
+    master_port: int
+    trainer_ranks: int
+    timeout_s: float
+    def __init__(self, backend: _Optional[str] = ..., master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., trainer_ranks: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class EngineRanks(_message.Message):
+    __slots__ = ("engine", "rank_offset", "ranks")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    RANK_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    rank_offset: int
+    ranks: int
+    def __init__(self, engine: _Optional[str] = ..., rank_offset: _Optional[int] = ..., ranks: _Optional[int] = ...) -> None: ...
+
+class WeightTransferGroup(_message.Message):
+    __slots__ = ("backend", "world_size", "trainer_ranks", "engines", "joined", "buffer_bytes", "group_id", "timeout_s")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_RANKS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    world_size: int
+    trainer_ranks: int
+    engines: _containers.RepeatedCompositeFieldContainer[EngineRanks]
+    joined: bool
+    buffer_bytes: int
+    group_id: str
+    timeout_s: float
+    def __init__(self, backend: _Optional[str] = ..., world_size: _Optional[int] = ..., trainer_ranks: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineRanks, _Mapping]]] = ..., joined: _Optional[bool] = ..., buffer_bytes: _Optional[int] = ..., group_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class TensorMeta(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "src_rank")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SRC_RANK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    src_rank: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., src_rank: _Optional[int] = ...) -> None: ...
+
+class TransferRequest(_message.Message):
+    __slots__ = ("version", "target", "in_flight", "partial", "tensors", "group_id")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    target: WeightTarget
+    in_flight: InFlightMode
+    partial: bool
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    group_id: str
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., group_id: _Optional[str] = ...) -> None: ...
+
+class TransferReady(_message.Message):
+    __slots__ = ("total_bytes",)
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    def __init__(self, total_bytes: _Optional[int] = ...) -> None: ...
+
+class TransferProgress(_message.Message):
+    __slots__ = ("ready", "result")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ready: TransferReady
+    result: PushResult
+    def __init__(self, ready: _Optional[_Union[TransferReady, _Mapping]] = ..., result: _Optional[_Union[PushResult, _Mapping]] = ...) -> None: ...
+
+class CloseWeightTransferRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

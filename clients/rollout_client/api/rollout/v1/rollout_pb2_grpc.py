@@ -71,6 +71,21 @@ class RolloutServiceStub:
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.ScaleRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_rollout__pb2.Status.FromString,
                 _registered_method=True)
+        self.InitWeightTransfer = channel.unary_stream(
+                '/rollout.v1.RolloutService/InitWeightTransfer',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferInit.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.FromString,
+                _registered_method=True)
+        self.TransferWeights = channel.unary_stream(
+                '/rollout.v1.RolloutService/TransferWeights',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.TransferRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.TransferProgress.FromString,
+                _registered_method=True)
+        self.CloseWeightTransfer = channel.unary_unary(
+                '/rollout.v1.RolloutService/CloseWeightTransfer',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.CloseWeightTransferRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -134,6 +149,36 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitWeightTransfer(self, request, context):
+        """Sets up a weight-transfer group between the trainer's ranks and every engine (admin token): vLLM's weight-
+        transfer engines (gloo on CPU, nccl / ipc on GPU nodes), the trainer's rank 0 hosting the rendezvous. The
+        first message gives the group's shape as soon as the engines start joining (trainer ranks join then, with
+        that world size); the second, that every engine joined. A rank that does not join within the timeout fails
+        it with DEADLINE_EXCEEDED and no group is left. One group at a time: a new one replaces the old.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransferWeights(self, request, context):
+        """Pushes weights over the group (admin token), with every guarantee of PushWeights: a new version of the
+        target, validated before any byte moves (names, shapes, dtypes), committed on every engine or on none, the
+        in-flight modes. The first message says the engines are receiving: the trainer's ranks broadcast their
+        tensors then, in the order given, in vLLM's packed format (rollout_client.transfer). The last carries the
+        result. A rank that dies or stalls mid-push fails it within the group's timeout; the previous version keeps
+        serving and the group must be set up again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseWeightTransfer(self, request, context):
+        """Tears the weight-transfer group down (admin token); returns its last shape (joined = false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +211,21 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.ScaleEngines,
                     request_deserializer=rollout_dot_v1_dot_rollout__pb2.ScaleRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_rollout__pb2.Status.SerializeToString,
+            ),
+            'InitWeightTransfer': grpc.unary_stream_rpc_method_handler(
+                    servicer.InitWeightTransfer,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferInit.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.SerializeToString,
+            ),
+            'TransferWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.TransferWeights,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.TransferRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.TransferProgress.SerializeToString,
+            ),
+            'CloseWeightTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseWeightTransfer,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseWeightTransferRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -337,6 +397,87 @@ class RolloutService:
             '/rollout.v1.RolloutService/ScaleEngines',
             rollout_dot_v1_dot_rollout__pb2.ScaleRequest.SerializeToString,
             rollout_dot_v1_dot_rollout__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitWeightTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rollout.v1.RolloutService/InitWeightTransfer',
+            rollout_dot_v1_dot_rollout__pb2.WeightTransferInit.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rollout.v1.RolloutService/TransferWeights',
+            rollout_dot_v1_dot_rollout__pb2.TransferRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.TransferProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseWeightTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/CloseWeightTransfer',
+            rollout_dot_v1_dot_rollout__pb2.CloseWeightTransferRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.FromString,
             options,
             channel_credentials,
             insecure,
