@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="draft_model: train the drafter online toward the policy and push it with UpdateDraft")
     ap.add_argument("--draft-every", type=int, default=2, help="steps between drafter pushes")
     ap.add_argument("--drafter-lr", type=float, default=1e-4)
+    ap.add_argument("--weight-sync", choices=["transfer", "push"], default="transfer",
+                    help="how each step's policy reaches the engines: `transfer` over the service's weight-transfer "
+                         "group (rollout_client.transfer.WeightSync; gloo here), `push` as a PushWeights stream")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-size", type=int, default=32)
     ap.add_argument("--out", default="runs/grpo", help="directory for metrics.jsonl and the service log")
@@ -221,6 +224,12 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     eval_before, eval_before_hits = eval_acc, eval_hits
     print(f"held-out accuracy before training: {eval_acc:.3f}, answer lines {eval_format:.3f} "
           f"({args.eval_size} problems, greedy)")
+    sync = None
+    if args.weight_sync == "transfer":          # once: the service's engines and this trainer form the group
+        from rollout_client.transfer import WeightSync
+
+        sync = WeightSync(client)
+        sync.connect()
     prefetch = None
     if args.mode == "async":
         prefetch = Prefetcher(client, next_problems, lambda: version, max_lag=args.max_lag, **gen).start()
@@ -257,7 +266,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             # 4. push
             t3 = time.perf_counter()
             version += 1
-            pushed = client.push_weights(trainer.policy, version, mode="keep" if prefetch else "wait")
+            push = sync.push if sync is not None else client.push_weights
+            pushed = push(trainer.policy, version, mode="keep" if prefetch else "wait")
             if trainer.drafter is not None and (step + 1) % args.draft_every == 0:
                 draft_version += 1
                 client.update_draft(trainer.drafter.weights(), draft_version, partial=True,
@@ -270,7 +280,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             if step == 0:
                 row["eval_before_correct"] = eval_before_hits
             row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
-                       train_s=train_s, push_s=t4 - t3, push_pause_s=pushed.pause_s, step_s=t4 - t0,
+                       train_s=train_s, push_s=t4 - t3, push_pause_s=pushed.pause_s, push_path=args.weight_sync,
+                       step_s=t4 - t0,
                        draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)
             rows.append(row)
             metrics_file.write(json.dumps(row) + "\n")
@@ -283,6 +294,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
         metrics_file.close()
         if prefetch:
             prefetch.stop()
+        if sync is not None:
+            sync.close()
     return rows
 
 

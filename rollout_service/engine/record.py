@@ -31,7 +31,9 @@ class Recorder:
         raw += b" " * (-len(raw) % 8)
         self.base = 8 + len(raw)
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        # no O_TRUNC: the front end hands over the recycled spare file when it has one (scratch.take_spare), whose
+        # pages are allocated already; ftruncate keeps them up to the new size
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         os.ftruncate(self.fd, self.base + offset)
         self.map = mmap.mmap(self.fd, self.base + offset) if self.base + offset else None
         self.map[:8] = len(raw).to_bytes(8, "little")

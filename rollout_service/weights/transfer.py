@@ -20,7 +20,7 @@ import grpc
 
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.errors import ServiceError, invalid
-from rollout_service.scratch import scratch_root
+from rollout_service.scratch import scratch_root, take_spare
 from rollout_service.weights.service import PushOutcome, WeightService
 from rollout_service.wire import ITEMSIZE
 
@@ -164,6 +164,7 @@ class WeightTransfer:
             if group.backend == "gloo":
                 update_info["src_ranks"] = [m.src_rank for m in metas]
             record = scratch_root() / f"transfer-{uuid.uuid4().hex[:8]}.safetensors"
+            await asyncio.to_thread(take_spare, scratch_root(), record)   # its pages are allocated: no faults
             receiving = asyncio.Event()
             listening = set()
 

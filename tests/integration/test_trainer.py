@@ -1,6 +1,7 @@
 """The bundled GRPO trainer, one sync and one async run end to end through a real speculative service on
-the tiny model: weights pushed every step, versions advance, no sample staler than --max-lag is used, the
-trainer's recomputed log-probs agree with the service's, the drafter is adapted and its update accepted."""
+the tiny model: weights pushed every step (sync over the weight-transfer group, async as PushWeights), versions
+advance, no sample staler than --max-lag is used, the trainer's recomputed log-probs agree with the service's, the
+drafter is adapted and its update accepted."""
 import json
 import math
 
@@ -57,6 +58,7 @@ def test_sync_step_pushes_policy_and_drafter(grpo_service, tmp_path):
     rows = run_trainer(svc, drafter, tmp_path / "sync", "--mode", "sync", "--steps", "2")
     check_rows(rows, 2, before.policy_version)
     assert all(r["max_lag_used"] == 0 and r["dropped_stale"] == 0 for r in rows)
+    assert all(r["push_path"] == "transfer" for r in rows)          # the default: the weight-transfer group
     after = c.status()
     assert after.policy_version == before.policy_version + 2
     assert after.draft_version == before.draft_version + 2          # --draft-every 1
@@ -67,8 +69,10 @@ def test_sync_step_pushes_policy_and_drafter(grpo_service, tmp_path):
 def test_async_steps_never_use_samples_older_than_the_lag(grpo_service, tmp_path):
     svc, c, drafter = grpo_service
     before = c.status()
-    rows = run_trainer(svc, drafter, tmp_path / "async", "--mode", "async", "--steps", "3", "--max-lag", "1")
+    rows = run_trainer(svc, drafter, tmp_path / "async", "--mode", "async", "--steps", "3", "--max-lag", "1",
+                       "--weight-sync", "push")
     check_rows(rows, 3, before.policy_version)
+    assert all(r["push_path"] == "push" for r in rows)
     assert all(r["max_lag_used"] <= 1 for r in rows)
     assert any(r["max_lag_used"] == 1 for r in rows[1:])     # generation really overlapped training
     assert c.status().policy_version == before.policy_version + 3
