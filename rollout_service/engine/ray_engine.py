@@ -79,6 +79,15 @@ class EngineActor:
         finally:                                       # the prepared weights are copies: the files can go
             _remove(names)
 
+    async def init_transfer(self, init_info: dict) -> int:
+        return await self.engine.init_transfer(init_info)
+
+    async def close_transfer(self) -> None:
+        await self.engine.close_transfer()
+
+    async def prepare_transfer(self, update_info: dict, target: str, record_path: str) -> None:
+        await self.engine.prepare_transfer(update_info, target, record_path, lambda: None)
+
     async def swap_weights(self, target: str) -> None:
         await self.engine.swap_weights(target)
 
@@ -217,6 +226,22 @@ class RayEngine(Engine):
         if self.cfg.weight_reload == "in_place":
             return False
         return await self.actor.prepare_weights.remote(_SharedFile.get([str(p) for p in paths]), target)
+
+    # The weight-transfer group: the actor's workers join it from their node. The record (record_path) is written
+    # on the actor's node, so the recording engine must share the front end's node (docs/deployment.md).
+    async def init_transfer(self, init_info: dict) -> int:
+        return await self.actor.init_transfer.remote(init_info)
+
+    def transfer_ranks(self) -> int:
+        return self.cfg.tensor_parallel_size
+
+    async def close_transfer(self) -> None:
+        await self.actor.close_transfer.remote()
+
+    async def prepare_transfer(self, update_info: dict, target: str, record_path: str, on_receiving) -> None:
+        done = self.actor.prepare_transfer.remote(update_info, target, record_path)
+        on_receiving()            # the broadcast waits for the actor's workers to listen anyway
+        await done
 
     async def swap_weights(self, target: str) -> None:
         await self.actor.swap_weights.remote(target)
