@@ -27,6 +27,7 @@ from rollout_service.wire import ITEMSIZE
 log = logging.getLogger(__name__)
 BUFFER_BYTES = 64 << 20          # the packed format's chunk size (rollout_client.transfer.DEFAULT_BUFFER_BYTES)
 MAX_TRAINER_RANKS = 4096
+MAX_BUFFER_BYTES = 16 << 30      # a chunk is held twice (two buffers) on every rank
 
 
 @dataclass
@@ -42,8 +43,12 @@ class Group:
     joined: bool = False
 
     @property
+    def engine_ranks(self) -> int:
+        return sum(n for _, _, n in self.engines)
+
+    @property
     def world_size(self) -> int:
-        return self.trainer_ranks + sum(n for _, _, n in self.engines)
+        return self.trainer_ranks + self.engine_ranks
 
     def init_info(self, offset: int) -> dict:
         if self.backend == "gloo":
@@ -79,8 +84,14 @@ class WeightTransfer:
                                f"{what}: another weight transfer (set-up or push) is in flight; wait for it to end")
 
     # ---- the group ---------------------------------------------------------------------------------
-    async def init(self, backend: str, address: str, port: int, trainer_ranks: int, timeout_s: float):
-        """Yields the group twice: once its shape is fixed (the engines start joining), once every rank joined."""
+    async def init(self, backend: str, address: str, port: int, trainer_ranks: int, timeout_s: float,
+                   buffer_bytes: int = BUFFER_BYTES, check_shape=None):
+        """Yields the group twice: once its shape is fixed (the engines start joining), once every rank joined.
+
+        buffer_bytes: the packed format's chunk size both sides cut by (the vLLM dialect passes the trainer's
+        packed_buffer_size_bytes, vLLM's 1 GiB by default). check_shape(group): called with the group's shape
+        before anything changes (the current group stays up if it raises), for a caller whose trainer fixed
+        the world size itself (vLLM's init_info)."""
         if self.backend == "none":
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                "weight transfer is off on this server (engine.weight_transfer = none); use PushWeights")
@@ -96,9 +107,10 @@ class WeightTransfer:
             raise invalid(f"trainer_ranks must be in [1, {MAX_TRAINER_RANKS}], got {trainer_ranks}")
         if timeout_s < 0:
             raise invalid(f"timeout_s must be >= 0 (0: the server's {self.timeout_s:g} s), got {timeout_s}")
+        if not 0 < buffer_bytes <= MAX_BUFFER_BYTES:
+            raise invalid(f"buffer_bytes must be in [1, {MAX_BUFFER_BYTES}], got {buffer_bytes}")
         self._busy("InitWeightTransfer")
         async with self.lock:
-            await self._close()
             engines = list(self.pool.engines)
             not_ready = [e.id for e in engines if e.state not in (EngineState.READY, EngineState.PAUSED)]
             if not_ready:
@@ -108,7 +120,11 @@ class WeightTransfer:
             for e in engines:
                 placed.append((e, offset, e.transfer_ranks()))
                 offset += e.transfer_ranks()
-            group = Group(self.backend, address, port, trainer_ranks, timeout_s or self.timeout_s, placed)
+            group = Group(self.backend, address, port, trainer_ranks, timeout_s or self.timeout_s, placed,
+                          buffer_bytes=buffer_bytes)
+            if check_shape is not None:
+                check_shape(group)
+            await self._close()
             yield group
             joining = [e.init_transfer(group.init_info(off)) for e, off, _ in placed]
             results = await _bounded(joining, group.timeout_s + 10.0)

@@ -1,10 +1,14 @@
 """Weights over a collective group (InitWeightTransfer / TransferWeights, the gloo backend) on the shared real
 service: new weights serve (checked against an independent forward pass), sharded trainers, keep mode, and every
-fault the contract names leaving the last committed version serving."""
+fault the contract names leaving the last committed version serving; and vLLM's weight-transfer endpoints
+(the HTTP dialect) driven by TRL's own client."""
 import threading
 import time
+import types
+import warnings
 
 import grpc
+import httpx
 import pytest
 import torch
 from rollout_client.api import pb
@@ -166,3 +170,108 @@ def test_metrics_report_the_transfer_path(service, sync):
     assert 'rollout_weight_pushes_total{outcome="committed",path="transfer"}' in body
     assert "rollout_weight_push_gb_per_second{path=\"transfer\"}" in body
     assert "rollout_weight_transfer_world_size 2.0" in body
+
+
+# ---- vLLM's weight-transfer endpoints, driven by TRL's own client ----------------------------------------------
+class GlooEndpoint:
+    """What TRL's `open_trainer_endpoint` (vLLM's nccl_common.trainer_init) returns, over gloo: the trainer as rank
+    0 of the group, hosting its TCPStore. TRL's destroy() clears `.group.store` and `.group.socket` (a
+    PyNcclCommunicator's StatelessProcessGroup); close() shuts the gloo group down."""
+
+    def __init__(self, init_info: dict):
+        from rollout_client.transfer import gloo_group
+        from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
+
+        self.buffer_bytes = init_info.get("packed_buffer_size_bytes", DEFAULT_PACKED_BUFFER_SIZE_BYTES)
+        self.pg, store = gloo_group(init_info["master_address"], init_info["master_port"], 0,
+                                    init_info["world_size"], timeout_s=60)
+        self.group = types.SimpleNamespace(store=store, socket=None)
+        self.sent: list[int] = []
+
+    def close(self) -> None:
+        self.pg.shutdown()
+
+
+def gloo_producer(iterator, group: GlooEndpoint, src: int, post_iter_func, buffer_size_bytes=None,
+                  num_buffers: int = 2) -> None:
+    """vLLM's packed_nccl_broadcast_producer over gloo: the same packed chunks (rollout_client.transfer.chunks is
+    vLLM's pack_tensors rule: test_chunks_follow_vllms_packing_rule), cut by the init's buffer size."""
+    if buffer_size_bytes is not None:
+        assert buffer_size_bytes == group.buffer_bytes, "producer and init disagree on the chunk size"
+    tensors = [post_iter_func(item) for item in iterator]
+    group.sent.append(send(group.pg, tensors, src, group.buffer_bytes))
+
+
+def test_chunks_follow_vllms_packing_rule():
+    """rollout_client.transfer.chunks cuts exactly where vLLM's pack_tensors does (both sides of the group cut
+    from the metadata alone, so a difference would misplace every byte after it)."""
+    from rollout_client.transfer import chunks
+    from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
+
+    g = torch.Generator().manual_seed(0)
+    for buffer_bytes in (1, 7, 64, 100, 1000):
+        sizes = torch.randint(1, 120, (40,), generator=g).tolist()
+        items = iter([(str(i), torch.zeros(s, dtype=torch.uint8)) for i, s in enumerate(sizes)])
+        theirs = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")              # "tensor exceeds buffer_size_bytes": on purpose
+            while (chunk := pack_tensors(items, lambda item: item[1], buffer_bytes)) is not None:
+                theirs.append([int(n) for n in chunk.names])
+        assert chunks(sizes, buffer_bytes) == theirs, buffer_bytes
+
+
+def test_trl_weight_transfer_client_over_the_vllm_dialect(service, client, policy, monkeypatch):
+    """TRL's async GRPO weight sync (trl.experimental.async_grpo: WeightTransferClient + VLLMClient, TRL 1.16.0)
+    unchanged against the service's vLLM dialect (/get_world_size, /server_info, /init_weight_transfer_engine,
+    /pause?mode=keep, /start_weight_update, /update_weights {"update_info"}, /finish_weight_update, /resume),
+    with only its two NCCL pieces replaced by their gloo equivalents (the CPU engines use the gloo backend):
+    the trainer's endpoint (GlooEndpoint) and the packed broadcast (gloo_producer). Two syncs, each then served.
+
+    TRL is not a test dependency (its import needs `datasets`, pandas, pyarrow); the test skips without it. To
+    run it, unpack trl==1.16.0 and its extra imports (datasets, pandas, pyarrow, multiprocess, xxhash) into
+    folders on PYTHONPATH, e.g.:
+        TRL_EXPERIMENTAL_SILENCE=1 PYTHONPATH=/tmp/trl_src:/tmp/trl_deps \\
+            .venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_weight_transfer.py
+    """
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    wt = pytest.importorskip("trl.experimental.async_grpo.weight_transfer")
+    from accelerate import PartialState
+    from trl.experimental.async_grpo.vllm_client import VLLMClient
+
+    PartialState()                                   # TRL logs through accelerate's logger
+    endpoints: list[GlooEndpoint] = []
+
+    def open_endpoint(init_info):
+        endpoints.append(GlooEndpoint(init_info))
+        return endpoints[-1]
+    monkeypatch.setattr(wt, "open_trainer_endpoint", open_endpoint)
+    monkeypatch.setattr(wt, "packed_nccl_broadcast_producer", gloo_producer)
+
+    params = [(n, p.detach()) for n, p in policy.named_parameters()]
+    info = {"names": [n for n, _ in params], "dtype_names": [str(p.dtype).split(".")[-1] for _, p in params],
+            "shapes": [list(p.shape) for _, p in params]}
+    vllm = VLLMClient(service.http, server_timeout=30)
+    assert vllm.get_dtype() == "torch.float32" and vllm.get_world_size() == 1
+    trl_client = wt.WeightTransferClient(vllm, info, weight_sync_timeout=120)
+    trl_client.init_weight_transfer()
+    g = client.status().weight_transfer
+    assert g.joined and g.world_size == 2 and g.buffer_bytes == 1 << 30 and [e.rank_offset for e in g.engines] == [1]
+    try:
+        for seed in (21, 22):
+            perturb(policy, seed=seed)
+            v = client.status().policy_version + 1
+            trl_client.pause()
+            trl_client.send_weights(iter([(n, p.detach()) for n, p in policy.named_parameters()]))
+            assert client.status().policy_version == v      # committed before /update_weights answered
+            trl_client.resume()
+            assert_serves(client, policy, v)
+        assert endpoints[0].sent[-1] == sum(p.numel() * p.element_size() for _, p in params)
+        with httpx.Client(base_url=service.http, timeout=30) as http:
+            assert http.get("/weight_info").json() == {"weight_version": str(v)}
+            assert http.post("/finish_weight_update").status_code == 409          # no update open
+    finally:
+        trl_client.destroy()
+        with httpx.Client(base_url=service.http, timeout=30) as http:
+            assert http.post("/shutdown_weight_transfer_engine").status_code == 200
+        endpoints[0].close()
+    assert not client.status().weight_transfer.joined

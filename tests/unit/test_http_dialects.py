@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import save_file
 
 from rollout_service.engine.base import EngineState
-from tests.fake_engine import FakeEngine
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.server.auth import Credentials
@@ -18,6 +17,8 @@ from rollout_service.server.grpc_service import RolloutServicer
 from rollout_service.server.http_app import build_http_app
 from rollout_service.validation import Limits
 from rollout_service.weights.service import WeightService
+from rollout_service.weights.transfer import WeightTransfer
+from tests.fake_engine import FakeEngine
 
 ORIGINAL = {"a.weight": torch.zeros(4, 3)}
 TOKEN, ADMIN = "client-token-0123456789", "admin-token-0123456789"
@@ -37,6 +38,32 @@ class Tokenizer:
         return [self.decode(s) for s in seqs]
 
 
+class TransferEngine(FakeEngine):
+    """FakeEngine with a weight-transfer backend: joins instantly; "receives" every tensor as 2.0."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.init_infos: list[dict] = []
+        self.update_infos: list[dict] = []
+
+    async def init_transfer(self, init_info: dict) -> int:
+        self.init_infos.append(init_info)
+        self.events.append(("init_transfer",))
+        return 1
+
+    async def close_transfer(self) -> None:
+        self.events.append(("close_transfer",))
+
+    async def prepare_transfer(self, update_info, target, record_path, on_receiving) -> None:
+        self.update_infos.append(update_info)
+        on_receiving()
+        await asyncio.sleep(0)
+        tensors = {n: torch.full(s, 2.0) for n, s in zip(update_info["names"], update_info["shapes"])}
+        if record_path:
+            save_file(tensors, record_path)
+        self.prepared = (target, tensors)
+
+
 @pytest.fixture
 def make(tmp_path):
     ckpt = tmp_path / "ckpt"
@@ -46,13 +73,15 @@ def make(tmp_path):
     save_file({"a.weight": torch.ones(4, 3)}, str(tmp_path / "new.safetensors"))
     save_file({"a.weight": torch.ones(3, 4)}, str(tmp_path / "bad.safetensors"))
 
-    async def build(creds=None, max_queue=10, engines=1):
-        pool = EnginePool([FakeEngine(f"e{i}", vocab_size=100) for i in range(engines)], max_queue=max_queue,
+    async def build(creds=None, max_queue=10, engines=1, transfer=False):
+        kind = TransferEngine if transfer else FakeEngine
+        pool = EnginePool([kind(f"e{i}", vocab_size=100) for i in range(engines)], max_queue=max_queue,
                           checkpoints={"policy": ckpt})
         await pool.start()
         weights = WeightService.create(pool, "float32", weights_roots=[str(tmp_path)])
         model = ModelInfo(path="tiny", vocab_size=100, max_model_len=256, tokenizer=Tokenizer())
-        servicer = RolloutServicer(pool, model, Limits(4, 8), weights)
+        servicer = RolloutServicer(pool, model, Limits(4, 8), weights,
+                                   transfer=WeightTransfer(weights, "gloo", 5.0) if transfer else None)
         app = build_http_app(servicer, creds)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
         return pool, weights, client
@@ -189,8 +218,8 @@ def test_weight_updates_by_path_commit_or_change_nothing(make, tmp_path):
         r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "new.safetensors"),
                                                             "weight_version": "2"})
         assert r.status_code == 409 and "not newer" in r.json()["message"]
-        r = await c.post("/update_weights", json={"update_info": {}})
-        assert r.status_code == 501 and "/update_weights" in r.json()["error"]["message"]
+        r = await c.post("/update_weights", json={"update_info": {}})       # vLLM's weight transfer: validated
+        assert r.status_code == 400 and "update_info.names" in r.json()["error"]["message"]
         assert (await c.post("/update_weights_from_distributed", json={})).status_code == 501
         gen = (await c.post("/generate", json={"input_ids": [1]})).json()
         assert gen["meta_info"]["weight_version"] == "2"
@@ -253,4 +282,131 @@ def test_models_lists_the_served_model(make):
         data = (await c.get("/v1/models")).json()["data"][0]
         assert data["id"] == "tiny" and data["max_model_len"] == 256
         assert (await c.get("/health")).status_code == 200
+    asyncio.run(main())
+
+
+INIT = {"master_address": "127.0.0.1", "master_port": 29555, "rank_offset": 1, "world_size": 2, "packed": True}
+INFO = {"names": ["a.weight"], "dtype_names": ["float32"], "shapes": [[4, 3]]}
+
+
+def test_vllm_weight_transfer_init_checks_the_trainers_shape(make):
+    """TRL's async GRPO set-up: /get_world_size, /server_info, then /init_weight_transfer_engine with the world
+    size it derived; a payload that does not fit the group is a 400 naming the field and what it must be."""
+    async def main():
+        pool, _, c = await make(transfer=True)
+        assert (await c.get("/get_world_size")).json() == {"world_size": 1}
+        info = (await c.get("/server_info", params={"config_format": "json"})).json()
+        assert info["vllm_config"]["model_config"]["dtype"] == "torch.float32"
+        assert info["vllm_config"]["model_config"]["model"] == "tiny"
+
+        async def init(**changes):
+            return await c.post("/init_weight_transfer_engine", json={"init_info": INIT | changes})
+        cases = [({"world_size": 3}, "init_info.world_size: must be 2"), ({"rank_offset": 0}, "init_info.rank_offset"),
+                 ({"rank_offset": 2}, "init_info.world_size: must be 3"), ({"packed": False}, "init_info.packed"),
+                 ({"master_port": "x"}, "init_info.master_port"), ({"master_port": 0}, "init_info.master_port"),
+                 ({"bogus": 1}, "init_info.bogus"), ({"packed_buffer_size_bytes": 0}, "packed_buffer_size_bytes"),
+                 ({"nccl_unique_id_b64": "AAAA"}, "nccl_unique_id_b64")]
+        for change, field in cases:
+            r = await init(**change)
+            assert r.status_code == 400 and field in r.json()["error"]["message"], (change, r.text)
+        r = await c.post("/init_weight_transfer_engine", json={"init_info": {"master_port": 1}})
+        assert r.status_code == 400 and "init_info.master_address" in r.text
+        assert (await c.post("/init_weight_transfer_engine", json={})).status_code == 400
+        assert pool.engines[0].init_infos == []                     # nothing was set up by a refused payload
+        r = await init()
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["message"] == "Weight transfer initialized" and body["world_size"] == 2
+        assert body["engines"] == [{"engine": "e0", "rank_offset": 1, "ranks": 1}]
+        sent = pool.engines[0].init_infos[-1]
+        assert sent["rank_offset"] == 1 and sent["world_size"] == 2 and sent["packed_buffer_size_bytes"] == 1 << 30
+        r = await init(packed_buffer_size_bytes=1 << 20)            # the trainer's chunk size reaches the engines
+        assert r.status_code == 200 and pool.engines[0].init_infos[-1]["packed_buffer_size_bytes"] == 1 << 20
+        r = await init(world_size=5)                                # refused: the group set up stays
+        assert r.status_code == 400 and ("close_transfer",) != pool.engines[0].events[-1]
+        r = await c.post("/shutdown_weight_transfer_engine")
+        assert r.status_code == 200 and r.json() == {"message": "Weight transfer shut down"}
+        assert pool.engines[0].events[-1] == ("close_transfer",)
+    asyncio.run(main())
+
+
+def test_vllm_weight_transfer_off_is_a_conflict(make):
+    async def main():
+        _, _, c = await make()                                      # engine.weight_transfer = none
+        r = await c.post("/init_weight_transfer_engine", json={"init_info": INIT})
+        assert r.status_code == 409 and "weight transfer is off" in r.json()["error"]["message"]
+    asyncio.run(main())
+
+
+def test_vllm_weight_update_start_update_finish(make):
+    """start / update_weights / finish: each update_weights is the next committed version; the order enforced
+    (409), the payload validated (400), weight_version checked against what was committed."""
+    async def main():
+        pool, _, c = await make(transfer=True)
+        e = pool.engines[0]
+        r = await c.post("/start_weight_update", json={"is_checkpoint_format": True})
+        assert r.status_code == 409 and "/init_weight_transfer_engine" in r.json()["error"]["message"]
+        assert (await c.post("/init_weight_transfer_engine", json={"init_info": INIT})).status_code == 200
+        r = await c.post("/update_weights", json={"update_info": INFO})
+        assert r.status_code == 409 and "/start_weight_update" in r.json()["error"]["message"]
+        assert (await c.post("/finish_weight_update")).status_code == 409
+        r = await c.post("/start_weight_update", json={"is_checkpoint_format": False})
+        assert r.status_code == 400 and "is_checkpoint_format" in r.text
+        r = await c.post("/start_weight_update", json={"is_checkpoint_format": True})
+        assert r.status_code == 200 and r.json() == {"message": "Weight update started"}
+        assert (await c.post("/start_weight_update")).status_code == 409            # one open at a time
+        assert (await c.post("/start_draft_weight_update")).status_code == 409
+        for bad, field in [(INFO | {"dtype_names": []}, "update_info.dtype_names"),
+                           (INFO | {"shapes": [[4, "3"]]}, "update_info.shapes"),
+                           (INFO | {"names": "a.weight"}, "update_info.names"),
+                           (INFO | {"packed": False}, "update_info.packed"),
+                           (INFO | {"extra": 1}, "update_info.extra"), ([1], "update_info")]:
+            r = await c.post("/update_weights", json={"update_info": bad})
+            assert r.status_code == 400 and field in r.json()["error"]["message"], (bad, r.text)
+        r = await c.post("/update_weights", json={"update_info": INFO})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["message"] == "Weights updated" and out["version"] == 1 and not out["partial"]
+        assert pool.policy_version == 1 and e.weights["a.weight"].sum() == 24
+        assert e.update_infos[-1]["names"] == ["a.weight"] and e.update_infos[-1]["src_ranks"] == [0]
+        r = await c.post("/finish_weight_update", json={"weight_version": "2"})
+        assert r.status_code == 400 and "weight_version" in r.json()["error"]["message"]
+        r = await c.post("/finish_weight_update", json={"weight_version": "1"})
+        assert r.status_code == 200 and r.json()["weight_version"] == "1"
+        assert (await c.post("/finish_weight_update")).status_code == 409
+        # a label that is not an integer is accepted (vLLM's versions are strings)
+        assert (await c.post("/start_weight_update")).status_code == 200
+        assert (await c.post("/update_weights", json={"update_info": INFO})).json()["version"] == 2
+        r = await c.post("/finish_weight_update", json={"weight_version": "step-7"})
+        assert r.status_code == 200 and r.json()["weight_version"] == "2"
+        # a push the model refuses (wrong shape): 400 naming it, nothing changed, and the group closed (the
+        # trainer had started broadcasting with the request)
+        assert (await c.post("/start_weight_update")).status_code == 200
+        r = await c.post("/update_weights", json={"update_info": INFO | {"shapes": [[3, 4]]}})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and "shape" in msg and "closed" in msg and "/init_weight_transfer_engine" in msg
+        assert pool.policy_version == 2
+        r = await c.post("/update_weights", json={"update_info": INFO})
+        assert r.status_code == 409 and "/init_weight_transfer_engine" in r.json()["error"]["message"]
+        assert (await c.post("/finish_weight_update")).status_code == 200
+        assert (await c.post("/start_draft_weight_update")).status_code == 409      # no drafter (and no group)
+    asyncio.run(main())
+
+
+def test_vllm_weight_update_while_paused_keep_commits_in_keep_mode(make):
+    """TRL's sync: /pause?mode=keep, start, update_weights, finish, /resume: the commit leaves the engines
+    paused (the operator's pause) and never drains or aborts the frozen requests."""
+    async def main():
+        pool, _, c = await make(transfer=True)
+        e = pool.engines[0]
+        assert (await c.post("/init_weight_transfer_engine", json={"init_info": INIT})).status_code == 200
+        assert (await c.post("/pause", params={"mode": "keep"})).status_code == 200
+        assert (await c.post("/start_weight_update", json={"is_checkpoint_format": True})).status_code == 200
+        r = await c.post("/update_weights", json={"update_info": INFO})
+        assert r.status_code == 200 and r.json()["version"] == 1
+        assert (await c.post("/finish_weight_update")).status_code == 200
+        assert e.state is EngineState.PAUSED
+        assert all(ev[1] == "keep" for ev in e.events if ev[0] == "pause")
+        assert (await c.post("/resume")).status_code == 200
+        assert e.state is EngineState.READY and e.weights["a.weight"].sum() == 24
     asyncio.run(main())

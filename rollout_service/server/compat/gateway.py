@@ -82,8 +82,11 @@ class Gateway:
     """The servicer's data and control plane, called from HTTP handlers."""
 
     def __init__(self, servicer):
+        from rollout_service.server.compat.vllm_transfer import VllmWeightTransfer  # it imports this module
+
         self.servicer = servicer
         self.pool = servicer.pool
+        self.vllm_transfer = VllmWeightTransfer(servicer)    # vLLM's weight-transfer endpoints' state
 
     @property
     def model(self):
@@ -181,14 +184,15 @@ def answers_errors(handler):
 
 
 def no_collectives(what: str) -> DialectError:
-    return DialectError(501, f"{what}: NCCL / CUDA-IPC weight transfer is not served yet (no GPU node to test it "
-                             "on); write the weights as safetensors below the server's --weights-root and POST "
-                             "/update_weights {\"weight_dir\": path} (or SGLang's /update_weights_from_disk, or "
-                             "gRPC LoadWeights / PushWeights)")
+    return DialectError(501, f"{what}: SGLang's collective weight transfer (NCCL / CUDA IPC) is not served; use "
+                             "vLLM's weight-transfer endpoints (/init_weight_transfer_engine, /start_weight_update, "
+                             "/update_weights {\"update_info\"}, /finish_weight_update), or write the weights as "
+                             "safetensors below the server's --weights-root and POST /update_weights_from_disk "
+                             "(or gRPC LoadWeights / PushWeights)")
 
 
 def add_not_served(router, paths: tuple[str, ...]) -> None:
-    """Register each weight-transfer path that needs NCCL or CUDA IPC: 501 naming the path-based endpoint."""
+    """Register each weight-transfer path this service does not serve: 501 naming the ones it does."""
     def answer(path: str):
         async def not_served():
             return error_response(no_collectives(path))

@@ -22,13 +22,11 @@ from rollout_service.server.compat.gateway import (
     DialectError,
     Fields,
     Gateway,
-    add_not_served,
     answers_errors,
     from_service_error,
     gateway,
     in_flight_mode,
     json_body,
-    no_collectives,
     rollout_fields,
     rollout_headers,
     sampling_params,
@@ -369,7 +367,14 @@ def health(request: Request) -> Response:
 
 @router.get("/get_world_size")
 def world_size(request: Request) -> dict:
-    return {"world_size": len(gateway(request).pool.engines)}
+    """The engines' worker ranks in a weight-transfer group (the trainer's ranks come on top)."""
+    return {"world_size": gateway(request).vllm_transfer.world_size()}
+
+
+@router.get("/server_info")
+def server_info(request: Request) -> dict:
+    """What trainers read of vLLM's /server_info?config_format=json: the model and its serving dtype."""
+    return gateway(request).vllm_transfer.server_info()
 
 
 @router.get("/weight_info")
@@ -418,14 +423,16 @@ async def reset_prefix_cache(request: Request):
 @router.post("/update_weights")
 @answers_errors
 async def update_weights(request: Request):
-    """prime-rl's filesystem mode: {"weight_dir": path} -> LoadWeights' validated, all-or-nothing commit, as
-    the next policy version (or "version"). vLLM's NCCL form ({"update_info": ...}) answers 501."""
+    """Two forms. vLLM's weight transfer: {"update_info": {names, dtype_names, shapes}} between
+    /start_weight_update and /finish_weight_update, the bytes over the group (compat/vllm_transfer.py).
+    prime-rl's filesystem mode: {"weight_dir": path} -> LoadWeights' validated, all-or-nothing commit, as the
+    next policy version (or "version")."""
     body = json_body(await request.body())
+    if "update_info" in body:
+        return await gateway(request).vllm_transfer.update(body["update_info"])
     if "weight_dir" not in body:
-        if "update_info" in body:
-            raise no_collectives("/update_weights with update_info")
         raise DialectError(400, "weight_dir: required (a safetensors file or directory below the server's "
-                                "--weights-root)", "weight_dir")
+                                "--weights-root), or update_info (vLLM's weight transfer)", "weight_dir")
     f = Fields(body)
     path = f.get("weight_dir")
     if not isinstance(path, str) or not path:
@@ -435,5 +442,34 @@ async def update_weights(request: Request):
     return {"status": "ok"} | out
 
 
-add_not_served(router, ("/init_weight_transfer_engine", "/start_weight_update", "/finish_weight_update",
-                        "/start_draft_weight_update", "/shutdown_weight_transfer_engine"))
+# ---- vLLM's weight transfer (admin token): compat/vllm_transfer.py ---------------------------------------
+@router.post("/init_weight_transfer_engine")
+@answers_errors
+async def init_weight_transfer_engine(request: Request):
+    """{"init_info": {...}}: the group forms with the trainer (its rank 0 hosts the rendezvous); answers once
+    every engine joined."""
+    return await gateway(request).vllm_transfer.init(json_body(await request.body()))
+
+
+@router.post("/start_weight_update")
+@answers_errors
+async def start_weight_update(request: Request):
+    return gateway(request).vllm_transfer.start("policy", json_body(await request.body()))
+
+
+@router.post("/start_draft_weight_update")
+@answers_errors
+async def start_draft_weight_update(request: Request):
+    return gateway(request).vllm_transfer.start("draft", json_body(await request.body()))
+
+
+@router.post("/finish_weight_update")
+@answers_errors
+async def finish_weight_update(request: Request):
+    return gateway(request).vllm_transfer.finish(json_body(await request.body()))
+
+
+@router.post("/shutdown_weight_transfer_engine")
+@answers_errors
+async def shutdown_weight_transfer_engine(request: Request):
+    return await gateway(request).vllm_transfer.shutdown()
