@@ -2,13 +2,13 @@
 worker): the committed record that restarts and rollbacks replay, as a streamed push's staging file is.
 
 The file is laid out from the push's metadata before the first byte arrives (header, then each tensor at its
-offset), so each received tensor is one copy into a mapped file. A tensor of the wrong dtype or shape raises.
+offset), so each received tensor is one pwrite at its offset (the kernel's copy: a mapped file took 0.15-0.2 s
+per 269 MB here in page-table faults alone). A tensor of the wrong dtype or shape raises.
 """
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 
 from rollout_service.wire import ITEMSIZE, SAFETENSORS_CODE
@@ -35,9 +35,7 @@ class Recorder:
         # pages are allocated already; ftruncate keeps them up to the new size
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         os.ftruncate(self.fd, self.base + offset)
-        self.map = mmap.mmap(self.fd, self.base + offset) if self.base + offset else None
-        self.map[:8] = len(raw).to_bytes(8, "little")
-        self.map[8:self.base] = raw
+        os.pwrite(self.fd, len(raw).to_bytes(8, "little") + raw, 0)
 
     def write(self, items) -> None:
         import torch
@@ -46,12 +44,12 @@ class Recorder:
             off, size, dtype, shape = self.where[name]
             if str(t.dtype).removeprefix("torch.") != dtype or tuple(t.shape) != shape:
                 raise ValueError(f"tensor {name!r} arrived as {t.dtype} {list(t.shape)}, announced {dtype} {list(shape)}")
-            dst = torch.frombuffer(self.map, dtype=torch.uint8, count=size, offset=self.base + off)
-            dst.copy_(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8))
+            data = memoryview(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+            written = 0
+            while written < size:
+                written += os.pwrite(self.fd, data[written:], self.base + off + written)
 
     def close(self) -> None:
-        if self.map is not None:
-            self.map.flush()
-            self.map.close()
-            self.map = None
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -39,7 +39,7 @@ class RolloutWorkerExtension:
         Returns the number of tensors loaded.
         """
         model, model_config = self._rollout_target(target)
-        return _reload(self.vllm_config, model, model_config, lambda load: _from_files([path], load))
+        return _reload(self.vllm_config, model, model_config, lambda load: _from_files([path], load))[0]
 
     def rollout_freeze_startup_objects(self) -> None:
         """See _collect_previous_shadows: called once the engine is up, so commits never pay for it."""
@@ -70,6 +70,7 @@ class RolloutWorkerExtension:
             recorder = Recorder(record_path, update_info) if record_path else None
             sink = _Sink(load, recorder)
             engine.set_weight_update_target(sink, None)
+            t0 = time.perf_counter()
             try:
                 engine.receive_weights(typed)
                 if torch_accelerated():
@@ -78,8 +79,10 @@ class RolloutWorkerExtension:
                     torch.accelerator.synchronize()
             finally:
                 engine.reset_weight_update_target()
-                if recorder is not None:
-                    recorder.close()
+                sink.close()
+            total = time.perf_counter() - t0
+            return {"load_weights": sink.load_s, "record": sink.record_s,
+                    "receive": total - sink.load_s - sink.record_s}
         self._rollout_prepare(target, done_path, feed, f"the {type(engine).__name__} group")
 
     def rollout_transfer_init(self, init_info: dict, done_path: str) -> None:
@@ -114,8 +117,8 @@ class RolloutWorkerExtension:
                 t1 = time.perf_counter()
                 shadow = shadow_reload.make_shadow(model)
                 t2 = time.perf_counter()
-                result["tensors"] = _reload(self.vllm_config, shadow.root, model_config, feed)
-                result["phases_s"] = {"gc": t1 - t0, "shadow": t2 - t1, "load": time.perf_counter() - t2}
+                result["tensors"], phases = _reload(self.vllm_config, shadow.root, model_config, feed)
+                result["phases_s"] = {"gc": t1 - t0, "shadow": t2 - t1, "load": time.perf_counter() - t2, **phases}
                 job.shadow = shadow
             except BaseException as err:  # reported to the front end through done_path
                 if shadow is not None:
@@ -201,16 +204,26 @@ def _from_files(paths: list[str], load) -> None:
 
 
 class _Sink:
-    """What a weight-transfer backend loads into (its `model`): the reload's load, and the recorder if any."""
+    """What a weight-transfer backend loads into (its `model`): the recorder if any, then the reload's load. (The
+    record written beside the load in a thread of its own did not pay on 2 cores: both are memory-bound.)"""
 
     def __init__(self, load, recorder):
         self.load, self.recorder = load, recorder
+        self.load_s = self.record_s = 0.0            # where the receive's time goes (the rest: waiting for bytes)
 
     def load_weights(self, items):
         items = list(items)
+        t0 = time.perf_counter()
         if self.recorder is not None:
             self.recorder.write(items)
+        t1 = time.perf_counter()
         self.load(items)
+        self.record_s += t1 - t0
+        self.load_s += time.perf_counter() - t1
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
 
 
 def torch_accelerated() -> bool:
@@ -219,9 +232,9 @@ def torch_accelerated() -> bool:
     return torch.cuda.is_available()
 
 
-def _reload(vllm_config, model, model_config, feed) -> int:
+def _reload(vllm_config, model, model_config, feed) -> tuple[int, dict]:
     """vLLM's layerwise reload into `model` (served or shadow): feed(load) calls load(iterable of (name, tensor))
-    once or more. Returns the tensor count."""
+    once or more, and may return a dict of its phases' seconds. Returns the tensor count and the phases."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
                                                          initialize_layerwise_reload)
@@ -238,10 +251,12 @@ def _reload(vllm_config, model, model_config, feed) -> int:
         model.load_weights(counted(items))
     with set_current_vllm_config(vllm_config):
         initialize_layerwise_reload(model)
-        feed(load)
+        phases = feed(load) or {}
+        t = time.perf_counter()
         finalize_layerwise_reload(model, model_config)
         _refresh_tied_head(model, model_config)
-    return count
+        phases["finalize"] = time.perf_counter() - t
+    return count, phases
 
 
 def _refresh_tied_head(model, model_config) -> None:

@@ -9,7 +9,8 @@
            step = generate at a full batch + the engines' commit pause + train + push
 Training time: (6 + 2) x active parameters FLOPs per token (forward and backward, and the log-prob recompute of
 the samples) at the profile's train_mfu over `train_gpus`, unless a measured seconds per token is given. The push
-sends the policy's bf16 weights at hw.push_bw; engines pause only to swap (weights per device over HBM bandwidth).
+sends the policy's bf16 weights by the path the user chose (PUSH_PATHS); engines pause only to swap (weights per
+device over HBM bandwidth).
 So at equal GPUs async gains exactly what the draining tail wastes. The lag bound changes nothing here once it is
 >= 1 (steady state); it bounds staleness, and it lets a long step's tail overlap the next step, which the steady
 state already assumes.
@@ -41,9 +42,30 @@ def train_seconds(policy: Transformer, hw: Hardware, tokens: int, train_gpus: in
     return 8 * policy.active_params() * tokens / (train_gpus * hw.flops * hw.train_mfu)
 
 
-def push_seconds(policy: Transformer, hw: Hardware, tp: int = 1) -> float:
-    """Each of an engine's tp devices receives its shard over its own link."""
-    return policy.params() * hw.bytes_per_param / (tp * hw.push_bw)
+# How fast each push path moves weights into one engine device, bytes/s (None: the hardware's push_bw, the NIC line
+# rate), and whether the rate is per device (a tp-sharded engine receives its shards in parallel) or for the whole
+# policy. Sources:
+# - nccl: verl's NCCL broadcast, trainer to engine, 8.25 GB/s per GPU (published; issue 28), capped by the link.
+# - ipc: a trainer on the same GPU hands its weights over by CUDA IPC handles and the engine copies them: 2 GB in
+#   12 ms on an H200 the first time (handle open + copy: 165 GB/s), 1.4 ms after (bench/gpu_ipc_probe.py,
+#   bench/results/gpu_ipc_probe.json, 2026-11-26); the first-time rate is used.
+# - stream: PushWeights through the front end (gRPC, staging, one copy for every engine): 0.24-0.33 GB/s measured
+#   on 2 CPU cores (bench/weight_transfer.py); host-bound, not per device. A GPU node's host is faster; this is the
+#   floor the path was measured at.
+# - gloo: the CPU backend, 0.33-0.60 GB/s end to end on 2 cores (bench/weight_transfer.py).
+# - link: the NIC line rate of the hardware profile (push_bw), the bound no path exceeds across nodes.
+PUSH_PATHS = {"nccl": (8.25e9, True), "ipc": (165e9, True), "stream": (0.3e9, False), "gloo": (0.6e9, False),
+              "link": (None, True)}
+
+
+def push_seconds(policy: Transformer, hw: Hardware, tp: int = 1, path: str = "link") -> float:
+    """Seconds to move the policy's weights into an engine by `path` (PUSH_PATHS)."""
+    rate, per_device = PUSH_PATHS[path]
+    if rate is None:
+        rate = hw.push_bw
+    elif path == "nccl":
+        rate = min(rate, hw.push_bw)
+    return policy.params() * hw.bytes_per_param / ((tp if per_device else 1) * rate)
 
 
 def rl_step(mode: str, generate_drain_s: float, generate_full_s: float, train_s: float, push_s: float,

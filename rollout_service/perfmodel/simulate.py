@@ -9,7 +9,7 @@ import argparse
 
 from rollout_service.perfmodel import acceptance as acc
 from rollout_service.perfmodel import hardware, model, report
-from rollout_service.perfmodel.rl import push_seconds, rl_step, train_seconds
+from rollout_service.perfmodel.rl import PUSH_PATHS, push_seconds, rl_step, train_seconds
 from rollout_service.perfmodel.rollout import Engine, drain, lognormal_lengths, mean_length, steady_context
 from rollout_service.perfmodel.step import Drafter
 
@@ -43,6 +43,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                   "GPUs between engines and trainer)")
     p.add_argument("--train-s-per-token", type=float, help="measured training seconds per token (default: from FLOPs)")
     p.add_argument("--max-lag", type=int, default=2, help="async: maximum policy lag")
+    p.add_argument("--push-path", choices=sorted(PUSH_PATHS), default="nccl",
+                   help="how each step's weights reach the engines: nccl (weight-transfer group across nodes, 8.25 "
+                        "GB/s per GPU as published), ipc (trainer on the same GPUs), stream (PushWeights), gloo (CPU), "
+                        "link (the NIC line rate); sources in perfmodel/rl.py")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--plot", help="write a plot of speedup by concurrency and k here (matplotlib)")
 
@@ -94,7 +98,7 @@ def build(args) -> dict:
     tokens = n_seq * (args.prompt_len + args.mean_output)
     train_gpus = args.train_gpus or args.engines * tp
     train_s = train_seconds(policy, hw, tokens, train_gpus, args.train_s_per_token)
-    push_s = push_seconds(policy, hw, tp)
+    push_s = push_seconds(policy, hw, tp, args.push_path)
     pause_s = policy.params() * hw.bytes_per_param / tp / (hw.mem_bw * hw.mem_eff)
     rl = []
     for spec in ("off", f"k={fixed_k}", "auto"):
@@ -122,7 +126,7 @@ def build(args) -> dict:
                            "speedup": round(drains["off"].seconds / d.seconds, 3),
                            "k_steps": {str(k): v for k, v in sorted(d.k_steps.items())}}
                     for name, d in drains.items()},
-        "rl": rl, "train_gpus": train_gpus,
+        "rl": rl, "train_gpus": train_gpus, "push": {"path": args.push_path, "seconds": round(push_s, 3)},
     }
 
 

@@ -150,3 +150,21 @@ def test_from_status_prefers_the_controller_and_falls_back_to_speculation_stats(
     monkeypatch.setattr(rollout_client, "RolloutClient", fake_client([], []))
     with pytest.raises(SystemExit):
         acceptance.from_status("h:1")
+
+
+def test_a_push_is_priced_by_the_path_chosen():
+    """8B policy in bf16: the per-device paths split over tensor parallelism, the front end's stream does not;
+    nccl's published rate is capped by the NIC."""
+    from rollout_service.perfmodel.rl import push_seconds
+
+    policy = Q8
+    gb200 = hardware.PROFILES["gb200"]
+    nbytes = policy.params() * gb200.bytes_per_param
+    assert push_seconds(policy, gb200, 1, "nccl") == pytest.approx(nbytes / 8.25e9)
+    assert push_seconds(policy, gb200, 2, "nccl") == pytest.approx(nbytes / 16.5e9)
+    assert push_seconds(policy, gb200, 2, "stream") == pytest.approx(nbytes / 0.3e9)
+    assert push_seconds(policy, gb200, 1, "link") == pytest.approx(nbytes / gb200.push_bw)
+    slow_nic = replace(gb200, push_bw=4e9)
+    assert push_seconds(policy, slow_nic, 1, "nccl") == pytest.approx(nbytes / 4e9)
+    assert push_seconds(policy, gb200, 1, "ipc") < push_seconds(policy, gb200, 1, "nccl") < \
+        push_seconds(policy, gb200, 1, "stream")
