@@ -156,7 +156,7 @@ def cmd_verify_lossless(args) -> int:
     report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha)
     print(report.render())
-    return 0 if report.passed else 1
+    return 0 if report.passed else (2 if report.engine_failed else 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,10 +46,23 @@ class LosslessReport:
     passed_logprobs: bool
     notes: list[str] = field(default_factory=list)
     k_steps: list[int] = field(default_factory=list)   # k_control auto: the speculative engine's steps by k drafted
+    engine_failed: str = ""                            # the speculative engine crashed: nothing was compared
 
     @property
     def passed(self) -> bool:
-        return self.passed_distribution and self.passed_logprobs
+        return not self.engine_failed and self.passed_distribution and self.passed_logprobs
+
+    @property
+    def completed(self) -> bool:
+        """Both sides sampled and were compared (a rejection then means the distributions differ)."""
+        return not self.engine_failed
+
+    @property
+    def outcome(self) -> str:
+        """LOSSLESS, NOT LOSSLESS (compared and rejected) or ENGINE FAILED (nothing compared)."""
+        if self.engine_failed:
+            return "ENGINE FAILED"
+        return "LOSSLESS" if self.passed else "NOT LOSSLESS"
 
     def render(self) -> str:
         lines = [f"losslessness check: speculation={self.method}, {self.samples_per_side} samples per side",
@@ -65,7 +78,8 @@ class LosslessReport:
             f"acceptance rate {self.acceptance_rate:.3f}, mean acceptance length {self.mean_acceptance_length:.2f}",
             *([f"k chosen per step (auto): engine steps by k {self.k_steps}"] if self.k_steps else []),
             *self.notes,
-            f"RESULT: {'LOSSLESS' if self.passed else 'NOT LOSSLESS'}",
+            *([f"the speculative engine failed while sampling: {self.engine_failed}"] if self.engine_failed else []),
+            f"RESULT: {self.outcome}",
         ]
         return "\n".join(lines)
 
@@ -151,12 +165,11 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
         spec_out, k_snapshot = asyncio.run(_sample(model, spec_cfg, prompts, samples, max_tokens,
                                        spec_temperature if spec_temperature is not None else temperature,
                                        top_k, top_p, "spec", spec_env))
-    except Exception as e:  # noqa: BLE001 - a crashing speculative engine is a failed check, not a test error
+    except Exception as e:  # noqa: BLE001 - a crashing speculative engine fails the check as its own outcome
         return LosslessReport(
             method=spec.method, samples_per_side=len(plain), tests=[], alpha=alpha, min_p=0.0, acceptance_rate=0.0,
             mean_acceptance_length=0.0, logprob_max_abs_err=float("inf"), logprob_atol=logprob_atol,
-            passed_distribution=False, passed_logprobs=False,
-            notes=[f"the speculative engine failed while sampling: {type(e).__name__}: {e}"])
+            passed_distribution=False, passed_logprobs=False, engine_failed=f"{type(e).__name__}: {e}")
     tests = []
     for p in range(len(prompts)):
         for pos in range(max_tokens):

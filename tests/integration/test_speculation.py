@@ -51,18 +51,22 @@ def test_k_chosen_per_step_is_lossless(tiny_model, drafter, plain):
     assert len(report.k_steps) == 4 and report.k_steps[0] > 0 and sum(report.k_steps[1:]) > 0, report.k_steps
 
 
-def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter, plain):
-    """Unfixed, the rejection sampler reads garbage temperature/top-k: wrong samples and log-probs, or an
-    engine crash (garbage top-k out of range). Either way the check must say NOT LOSSLESS."""
-    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain,
-                            spec_env={"ROLLOUT_DISABLE_CPU_SPEC_FIX": "1"}, **ARGS)
+def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter):
+    """Unfixed, the rejection sampler reads garbage temperature (and top-k, top-p): wrong samples and log-probs. The
+    check must complete and reject: an engine crash would show nothing about its power. Without top-k (garbage top-k
+    out of range crashes the engine: 'selected index k out of range') the unfixed engine runs and samples wrongly."""
+    args = ARGS | {"top_k": 0}
+    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, spec_env={"ROLLOUT_DISABLE_CPU_SPEC_FIX": "1"},
+                            **args)
     print(report.render())
-    assert not report.passed and "NOT LOSSLESS" in report.render()
+    assert report.completed, report.render()
+    assert not report.passed and report.outcome == "NOT LOSSLESS"
 
 
 def test_check_fails_on_a_temperature_mismatch(tiny_model, drafter, plain):
     report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain, spec_temperature=0.6, **ARGS)
     print(report.render())
+    assert report.completed, report.render()
     assert not report.passed_distribution
 
 
