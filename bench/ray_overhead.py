@@ -39,7 +39,8 @@ def main() -> None:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rollout_service.launcher import LocalRayCluster
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the repository: tests/ray_cluster.py
+    from tests.ray_cluster import LocalRayCluster
     from rollout_service.models import prepare_default_model
 
     model = args.model or str(prepare_default_model())

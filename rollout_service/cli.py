@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--layers", type=int, default=2, help="draft_model: decoder layers kept")
     pd.add_argument("--prompts", type=int, default=192)
     pd.add_argument("--max-tokens", type=int, default=128)
-    pd.add_argument("--epochs", type=int, help="default: 4 (draft_model), 10 (eagle3); 0 (draft_model): the "
+    pd.add_argument("--epochs", type=int, help="default: 4 (draft_model), 10 (eagle3); 0 (draft_model only): the "
                                                "target's first --layers layers as they are, in seconds")
     pd.add_argument("--force", action="store_true")
     v = sub.add_parser("verify-lossless", help="prove speculative sampling matches plain sampling (G-tests) and "
@@ -184,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
 
         out = Path(args.out) if args.out else None
         if args.kind == "eagle3":
+            if args.epochs is not None and args.epochs < 1:
+                raise SystemExit("prepare-drafter: --epochs must be >= 1 for --kind eagle3 (a head starts from random "
+                                 "weights: it has no target layers to keep untrained, unlike --kind draft_model)")
             print(prepare_eagle3_head(resolve_model(args.model), out, prompts=args.prompts,
-                                      max_tokens=args.max_tokens, epochs=args.epochs or 10, force=args.force))
+                                      max_tokens=args.max_tokens, epochs=10 if args.epochs is None else args.epochs,
+                                      force=args.force))
         else:
             epochs = 4 if args.epochs is None else args.epochs
             print(prepare_draft_model(resolve_model(args.model), out, layers=args.layers, prompts=args.prompts,

@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollout_tasks.chat import chat_token_ids, user_turn
+
 
 @dataclass
 class ModelInfo:
@@ -24,9 +26,5 @@ class ModelInfo:
 
     def encode(self, text: str, chat: bool) -> list[int]:
         if chat:
-            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                     add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
+            return chat_token_ids(self.tokenizer, user_turn(text))
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -32,6 +32,7 @@ import torch
 from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess, run_command
 from rollout_tasks.arithmetic import correct, extract_answer, split
+from rollout_tasks.chat import chat_token_ids, user_turn
 from trainer_example import grpo
 from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, drop_stale, generate_batch,
                                       micro_batches, pack)
@@ -99,12 +100,7 @@ class Trainer:
         self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr) if drafter_dir and args.adapt_drafter else None
 
     def encode(self, problems) -> list[list[int]]:
-        out = []
-        for p in problems:
-            ids = self.tok.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
-                                               tokenize=True)
-            out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-        return out
+        return [chat_token_ids(self.tok, user_turn(p.prompt)) for p in problems]
 
     def minibatches(self, batch_size: int) -> list[torch.Tensor]:
         """The rows of each of --minibatches optimiser steps, in a random order."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rollout_service.models import cache_dir, save_atomically
 from rollout_tasks.arithmetic import split
+from rollout_tasks.chat import chat_token_ids, user_turn
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,7 @@ def task_prompts(tokenizer, n: int, start: int = 0) -> list[list[int]]:
     """Chat-templated token ids of `n` arithmetic problems (training seeds from `start`)."""
     out = []
     for p in split(n, start=start):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
-                                            tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        out.append(chat_token_ids(tokenizer, user_turn(p.prompt)))
     return out
 
 

@@ -132,17 +132,28 @@ class _SharedFile:
 
     key: tuple | None = None
     refs: ClassVar[list] = []
+    lock: ClassVar[asyncio.Lock | None] = None
 
     @classmethod
-    def get(cls, paths: list[str]) -> list:
-        import ray
+    async def get(cls, paths: list[str]) -> list:
+        """Reading a model's worth of bytes and copying them into the object store run in a thread (the event
+        loop keeps serving); one set at a time (the engines of a commit ask for the same files together)."""
+        if cls.lock is None:
+            cls.lock = asyncio.Lock()
+        async with cls.lock:
+            key = await asyncio.to_thread(lambda: tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size)
+                                                        for p in paths))
+            if cls.key != key:
+                cls.refs = []
+                cls.refs = await asyncio.to_thread(_put_files, paths)
+                cls.key = key
+            return cls.refs
 
-        key = tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in paths)
-        if cls.key != key:
-            cls.refs = []
-            cls.refs = [ray.put(Path(p).read_bytes()) for p in paths]
-            cls.key = key
-        return cls.refs
+
+def _put_files(paths: list[str]) -> list:
+    import ray
+
+    return [ray.put(Path(p).read_bytes()) for p in paths]
 
 
 class RayEngine(Engine):
@@ -220,12 +231,12 @@ class RayEngine(Engine):
         self.state = EngineState.READY
 
     async def load_weights(self, path: str, target: str) -> None:
-        await self.actor.load_weights.remote(_SharedFile.get([path])[0], target)
+        await self.actor.load_weights.remote((await _SharedFile.get([path]))[0], target)
 
     async def prepare_weights(self, paths: list[str], target: str) -> bool:
         if self.cfg.weight_reload == "in_place":
             return False
-        return await self.actor.prepare_weights.remote(_SharedFile.get([str(p) for p in paths]), target)
+        return await self.actor.prepare_weights.remote(await _SharedFile.get([str(p) for p in paths]), target)
 
     # The weight-transfer group: the actor's workers join it from their node. The record (record_path) is written
     # on the actor's node, so the recording engine must share the front end's node (docs/deployment.md).

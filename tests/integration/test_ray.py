@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess
-from rollout_service.launcher import LocalRayCluster
+from tests.ray_cluster import LocalRayCluster
 from tests.tiny_models import perturbed_copy
 from tests.integration.conftest import SERVICE_ARGS, wait_for
 

@@ -33,6 +33,7 @@ from rollout_service.server.compat.gateway import (
     token_prompt,
     until_disconnect,
 )
+from rollout_tasks.chat import chat_token_ids
 
 router = APIRouter()
 RENAMES = (("sampling.max_tokens", "max_tokens"), ("sampling.", ""), ("prompts[", "prompt["))
@@ -327,8 +328,7 @@ async def chat_completions(request: Request):
     extra = body.get("chat_template_kwargs") or {}
 
     def template():
-        ids = gw.model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return chat_token_ids(gw.model.tokenizer, messages, **extra)
 
     try:
         ids = await gw.in_tokenizer_thread(template)
