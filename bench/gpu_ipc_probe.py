@@ -80,7 +80,8 @@ def main() -> None:
         h2d.append(time.perf_counter() - t)
     rows = {"device": torch.cuda.get_device_name(0), "bytes": nbytes, "date": time.strftime("%Y-%m-%dT%H:%M"),
             "ipc_s": ipc, "d2d_s": d2d, "h2d_pinned_s": h2d,
-            "ipc_gb_per_s_best": nbytes / min(ipc) / 1e9, "ipc_gb_per_s_median": nbytes / sorted(ipc)[len(ipc) // 2] / 1e9,
+            "ipc_gb_per_s_best": nbytes / min(ipc) / 1e9,
+            "ipc_gb_per_s_median": nbytes / sorted(ipc)[len(ipc) // 2] / 1e9,
             "d2d_gb_per_s_best": nbytes / min(d2d) / 1e9, "h2d_pinned_gb_per_s_best": nbytes / min(h2d) / 1e9}
     print(json.dumps(rows, indent=1))
     with open(args.out, "w") as f:

@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     first = next(iter(table))
     base = table[first][1]
     print(f"| run | generate s | generate vs {first} | recompute s | train s | push s | step s | step vs {first} "
-          f"| acceptance (first -> last step) | mean k chosen (first -> last step) | held-out accuracy (before -> end) |")
+          "| acceptance (first -> last step) | mean k chosen (first -> last step) "
+          "| held-out accuracy (before -> end) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for name, (rows, m) in table.items():
         acc = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]

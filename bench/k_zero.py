@@ -56,7 +56,8 @@ async def run(args) -> None:
                         s = await held(eng, prompts, c, n_of[c], args.max_tokens, f"{method} k=0")
                         a = await held(auto, prompts, c, n_of[c], args.max_tokens, f"{method} auto") if auto else None
                         rows.append((method, c, r, p["tok_s"], s["tok_s"], a["tok_s"] if a else None))
-                        print(f"{method:<11} conc {c:>2} round {r}: plain {p['tok_s']:7.1f} tok/s, k=0 {s['tok_s']:7.1f} "
+                        print(f"{method:<11} conc {c:>2} round {r}: plain {p['tok_s']:7.1f} tok/s, "
+                              f"k=0 {s['tok_s']:7.1f} "
                               f"tok/s, ratio {s['tok_s'] / p['tok_s']:.3f}"
                               + (f"; auto {a['tok_s']:7.1f} tok/s, ratio {a['tok_s'] / p['tok_s']:.3f}" if a else ""),
                               flush=True)

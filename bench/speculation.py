@@ -3,7 +3,8 @@
     .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram,suffix]
                                           [--fixed-k draft_model:3,eagle3:2,ngram:3,suffix:3]
                                           [--concurrency 1,4,8,16,32,64] [--max-tokens 128] [--samples-per-slot 2]
-                                          [--draft-model DIR] [--eagle3-head DIR] [--json bench/results/speculation.json]
+                                          [--draft-model DIR] [--eagle3-head DIR] [--json
+                                          bench/results/speculation.json]
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to --max-tokens new
 tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one is
@@ -193,11 +194,13 @@ async def run(args) -> list[dict]:
                                       "bound": round(bound, 3), "acceptance_rate": round(r["rate"], 3),
                                       "mean_acceptance_length": round(r["mal"], 3), "per_token_acceptance": round(a, 3),
                                       "drafts_per_drafting_step": round(r["drafts_per_step"], 2),
-                                      "drafter_cost": round(cost[c], 3), "plain_spread": round(abs(p1["tok_s"] - p2["tok_s"]) / p, 3),
+                                      "drafter_cost": round(cost[c], 3),
+                                      "plain_spread": round(abs(p1["tok_s"] - p2["tok_s"]) / p, 3),
                                       "k_share": steps_share(snap0, snap1) if kk == "auto" else [],
                                       "date": date})
                         print(f"  {method:<11} k={kk!s:<4} conc {c:>2}: plain {p:7.1f} tok/s, spec {r['tok_s']:7.1f} "
-                              f"tok/s, speedup {r['tok_s'] / p:5.2f} (bound {bound:4.2f}), L {r['mal']:.2f}", flush=True)
+                              f"tok/s, speedup {r['tok_s'] / p:5.2f} (bound {bound:4.2f}), L {r['mal']:.2f}",
+                              flush=True)
                 print(f"  {method} controller: {await auto.k_control_snapshot()}", flush=True)
                 if args.json:                     # a run stopped later keeps the methods it finished
                     Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
@@ -210,12 +213,14 @@ async def run(args) -> list[dict]:
 
 
 def print_table(cells: list[dict]) -> None:
-    print("\nmethod          k  conc  plain tok/s  spec tok/s  speedup  bound  speedup/bound  accepted/drafted  mean acc len"
+    print("\nmethod          k  conc  plain tok/s  spec tok/s  speedup  bound  speedup/bound  accepted/drafted"
+          "  mean acc len"
           "  per-token a  cost c  plain spread  steps by k")
     for x in cells:
         share = " ".join(f"{v:.2f}" for v in x["k_share"]) or "-"
-        print(f"{x['method']:<12} {x['k']!s:>4} {x['concurrency']:>5} {x['plain_tok_s']:>12.1f} {x['spec_tok_s']:>11.1f}"
-              f" {x['speedup']:>8.2f} {x['bound']:>6.2f} {x['speedup'] / x['bound']:>14.2f} {x['acceptance_rate']:>17.3f}"
+        print(f"{x['method']:<12} {x['k']!s:>4} {x['concurrency']:>5} {x['plain_tok_s']:>12.1f} "
+              f"{x['spec_tok_s']:>11.1f} {x['speedup']:>8.2f} {x['bound']:>6.2f} "
+              f"{x['speedup'] / x['bound']:>14.2f} {x['acceptance_rate']:>17.3f}"
               f" {x['mean_acceptance_length']:>13.2f} {x['per_token_acceptance']:>12.3f} {x['drafter_cost']:>7.2f}"
               f" {x['plain_spread']:>13.2f}  {share}")
 
@@ -230,7 +235,8 @@ def main() -> None:
                     help="each method's fixed k (its best in earlier runs); also the controller's k_max")
     ap.add_argument("--concurrency", default="1,4,8,16,32,64")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--samples-per-slot", type=int, default=2, help="samples measured per concurrent sequence (>= 8 in all)")
+    ap.add_argument("--samples-per-slot", type=int, default=2,
+                    help="samples measured per concurrent sequence (>= 8 in all)")
     ap.add_argument("--json", default="bench/results/speculation.json", help="where the cells go ('' for nowhere)")
     args = ap.parse_args()
     cells = asyncio.run(run(args))

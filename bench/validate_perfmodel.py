@@ -16,7 +16,8 @@ Errors are |predicted - measured| / measured of the speedup.
 GRPO side by side (--grpo, bench/results/grpo/*.metrics.jsonl): the generation time of the speculative runs over
 sync-nospec's (4 prompts x 8 samples drained together, up to --grpo-max-tokens new tokens, the draft model at the k
 and acceptance their metrics record), predicted by draining that batch through the model. Reported beside the
-benchmark cells, not in their median: the runs are hours apart on a machine that drifts. Plain tok/s is predicted too, for information only:
+benchmark cells, not in their median: the runs are hours apart on a machine that drifts. Plain tok/s is predicted
+too, for information only:
 this machine drifts up to 3x within a day, so absolute rates are not comparable across runs.
 """
 from __future__ import annotations
@@ -153,9 +154,11 @@ def main() -> None:
               "calibration_source": cal.get("source", "bench/calibrate_cpu.py: vLLM plain and speculative steps"),
               "quantity": "speedup (speculative tok/s over plain tok/s in the same run)",
               "median_abs_error": round(statistics.median(errs), 4), "max_abs_error": round(max(errs), 4),
-              "goal": "median_abs_error <= 0.15 (issue 21)", "goal_met": statistics.median(errs) <= 0.15, "worst_cell": {**worst, "why": why(worst, cal)},
+              "goal": "median_abs_error <= 0.15 (issue 21)", "goal_met": statistics.median(errs) <= 0.15,
+              "worst_cell": {**worst, "why": why(worst, cal)},
               "cells": out,
-              "grpo": grpo(Path(args.grpo), target, hw, round(cal.get("prompt_len", cal["context"] - 40)), args.grpo_max_tokens)
+              "grpo": grpo(Path(args.grpo), target, hw, round(cal.get("prompt_len", cal["context"] - 40)),
+                           args.grpo_max_tokens)
               if args.grpo else []}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'method':<12} {'k':>4} {'conc':>5} {'a':>6} {'measured':>9} {'predicted':>10} {'error':>7}  step/plain "

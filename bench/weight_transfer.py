@@ -73,7 +73,8 @@ def measure(model_dir: str, label: str, repeats: int, dtype: str, keep: bool) ->
     state = load_state(model_dir)
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     ceiling = memcpy_gbps(nbytes)
-    print(f"\n== {label}: {len(state)} tensors, {nbytes / 1e9:.2f} GB (bf16); memcpy here {ceiling:.2f} GB/s", flush=True)
+    print(f"\n== {label}: {len(state)} tensors, {nbytes / 1e9:.2f} GB (bf16); memcpy here {ceiling:.2f} GB/s",
+          flush=True)
     rows: list[dict] = []
     args = ["--weight-reload", "shadow", "--dtype", dtype, "--kv-cache-gb", "1"]
     with ServiceProcess(model_dir, log_path=str(RESULTS / f"weight_transfer-{label}.log"), extra_args=args) as svc, \

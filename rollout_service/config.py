@@ -78,7 +78,8 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         float,
         "one drafter step / one target step, as bench/speculation.py prints it (cost c); with it, GetStatus reports "
         "each drafter version's expected speedup (mean acceptance length / (1 + c k)) and warns (status and log) "
-        "when speculation is slowing generation; n-gram and suffix count as 0", "--draft-cost", shown="-1 = unknown") = -1.0
+        "when speculation is slowing generation; n-gram and suffix count as 0", "--draft-cost",
+        shown="-1 = unknown") = -1.0
 
 
 def k_mode(sp: SpeculationConfig) -> str:

@@ -23,7 +23,8 @@ def build_tiny_model(out: Path, *, layers: int = 2, hidden: int = 128, seed: int
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = LlamaConfig(
         vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1,  # head_dim 64: vLLM's CPU attention needs >= 32 max_position_embeddings=2048,
+        # head_dim 64: vLLM's CPU attention needs >= 32
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=tied,
         torch_dtype="float32", rope_theta=10000.0,
     )

@@ -7,7 +7,8 @@ service with `UpdateDraft` every few steps.
 
 The drafter here is a `draft_model` (a small causal LM sharing the policy's tokenizer), which learns from
 input ids and the policy's logits; an EAGLE-3 head (not built yet) would also take the hidden states of its
-three feature layers from the same forward pass (`output_hidden_states=True`). Only the drafter's decoder layers and final norm are
+three feature layers from the same forward pass (`output_hidden_states=True`). Only the drafter's decoder layers and
+final norm are
 trained and pushed (a partial update): its embeddings and head stay those it was built with.
 """
 from __future__ import annotations

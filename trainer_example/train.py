@@ -236,7 +236,10 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             t0 = time.perf_counter()
             k_before = client.status().k_control
             # 1. generate
-            batch = prefetch.get(more=step + 1 < args.steps) if prefetch else generate_batch(client, *next_problems(), **gen)
+            if prefetch:
+                batch = prefetch.get(more=step + 1 < args.steps)
+            else:
+                batch = generate_batch(client, *next_problems(), **gen)
             rewards = assign_advantages(batch, args.group_size)
             rollouts, dropped = drop_stale(batch.rollouts, version, args.max_lag)
             t1 = time.perf_counter()
@@ -305,7 +308,8 @@ def step_line(r: dict) -> str:
             f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
             f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}"
             + (f" of {r['drafted']} drafted" if r.get("drafted") is not None else "")
-            + (f" (engine, per position {' '.join(f'{a:.2f}' for a in r['draft_acceptance'])})" if r.get('draft_acceptance') else "")
+            + (f" (engine, per position {' '.join(f'{a:.2f}' for a in r['draft_acceptance'])})"
+               if r.get('draft_acceptance') else "")
             + (f"  k chosen: mean {r['k_mean']:.2f}, steps by k {'/'.join(map(str, r['k_steps']))}"
                if r.get("k_mean") is not None else "")
             + f"  drafter v{r['draft_version']}"

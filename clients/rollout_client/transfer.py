@@ -204,7 +204,8 @@ class WeightSync:
             shape = next(stream)
             if shape.backend != "gloo":
                 stream.cancel()
-                raise RuntimeError(f"the service's engines use {shape.backend!r}: use vLLM's trainer-side engine for it")
+                raise RuntimeError(f"the service's engines use {shape.backend!r}: use vLLM's trainer-side engine "
+                                   "for it")
             self.world_size, self.buffer_bytes = shape.world_size, shape.buffer_bytes or DEFAULT_BUFFER_BYTES
             wait = shape.timeout_s or 120.0
             store = open_store(self.address, self.port, True, wait)      # first: the other ranks read the shape

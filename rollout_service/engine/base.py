@@ -25,6 +25,7 @@ class Engine(abc.ABC):
         self.policy_version = 0           # labels: the committed versions the pool last gave it (set_versions)
         self.draft_version = 0
         self.restarts = 0                 # times the supervisor brought it back after it died
+        self.patches: list[dict] = []     # engine/patches.py's report from the engine's worker (vLLM engines)
 
     def alive(self) -> bool:
         """Whether the engine's processes are still there (checked by pool.supervisor every second)."""

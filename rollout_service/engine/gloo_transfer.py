@@ -47,7 +47,8 @@ class GlooUpdateInfo(WeightTransferUpdateInfo):
         n = len(self.names)
         if len(self.dtype_names) != n or len(self.shapes) != n or (self.src_ranks and len(self.src_ranks) != n):
             raise ValueError(f"update_info: names ({n}), dtype_names ({len(self.dtype_names)}), shapes "
-                             f"({len(self.shapes)}) and src_ranks ({len(self.src_ranks)}) must have one entry per tensor")
+                             f"({len(self.shapes)}) and src_ranks ({len(self.src_ranks)}) must have one entry per "
+                             "tensor")
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):

@@ -49,6 +49,9 @@ class EngineActor:
         await self.engine.start()
         return f"{socket.gethostname()} (pid {os.getpid()})"
 
+    def patch_report(self) -> list[dict]:
+        return self.engine.patches
+
     async def generate(self, req: bytes) -> bytes:
         result = await self.engine.generate(msgspec.msgpack.decode(req, type=SeqRequest))
         return msgspec.msgpack.encode(result)
@@ -185,6 +188,7 @@ class RayEngine(Engine):
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=0),
         ).remote(self.id, self.model_path, msgspec.json.encode(self.cfg))
         self.location = await self.actor.start.remote()
+        self.patches = await self.actor.patch_report.remote()
         self._heartbeat = asyncio.create_task(self._beat())
         self.state = EngineState.READY
         log.info("%s: ready on Ray at %s", self.id, self.location)

@@ -43,7 +43,8 @@ class Recorder:
         for name, t in items:
             off, size, dtype, shape = self.where[name]
             if str(t.dtype).removeprefix("torch.") != dtype or tuple(t.shape) != shape:
-                raise ValueError(f"tensor {name!r} arrived as {t.dtype} {list(t.shape)}, announced {dtype} {list(shape)}")
+                raise ValueError(f"tensor {name!r} arrived as {t.dtype} {list(t.shape)}, "
+                                 f"announced {dtype} {list(shape)}")
             data = memoryview(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
             written = 0
             while written < size:

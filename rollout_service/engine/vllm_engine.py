@@ -116,6 +116,10 @@ class VllmEngine(Engine):
             await self._spec_control("drafter", self.draft_version)
         if self.cfg.weight_reload == "shadow":       # so that even the first commit collects cheaply
             await self.llm.collective_rpc("rollout_freeze_startup_objects")
+        self.patches = (await self.llm.collective_rpc("rollout_patch_report"))[0]
+        for p in self.patches:
+            log.info("%s: vLLM patch %s: %s%s", self.id, p["name"], p["state"],
+                     f" ({p['reason']})" if p["reason"] else "")
         self.state = EngineState.READY
         log.info("%s: ready", self.id)
 

@@ -16,20 +16,18 @@ import time
 from dataclasses import dataclass
 
 from rollout_service.engine import lifeline  # noqa: F401 - this worker's engine dies with the server
-from rollout_service.engine import gloo_transfer, shadow_reload
-from rollout_service.speculation import cpu_fix, cpu_noise, k0_fastpath, suffix_k
+from rollout_service.engine import patches, shadow_reload
 
 log = logging.getLogger(__name__)
-# Imported by every vLLM worker after vLLM registered its CPU kernels: patch the rejection sampler's
-# broken expansion here, only where the bug is detected.
-cpu_fix.install()
-k0_fastpath.install()     # steps without drafts sample like a plain engine
-cpu_noise.install()       # speculative sampling draws its noise as fast as the plain sampler
-suffix_k.install()        # suffix decoding drafts the k chosen for each step
-gloo_transfer.register()  # the CPU's weight-transfer backend, beside vLLM's nccl / ipc
+# Imported by every vLLM worker after vLLM registered its CPU kernels: every patch that applies here, from the one
+# registry (engine/patches.py); rollout_patch_report says what each did.
+patches.install_all()
 
 
 class RolloutWorkerExtension:
+    def rollout_patch_report(self) -> list[dict]:
+        """engine/patches.py's report for this worker (its model runner included)."""
+        return patches.report(self.vllm_config)
     def rollout_load_weights(self, path: str, target: str = "policy") -> int:
         """Load every tensor of the safetensors file at `path` into the policy or the drafter, in place.
 

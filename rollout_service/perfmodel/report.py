@@ -15,7 +15,8 @@ def table(r: dict) -> str:
            (f"mean context {w['mean_context']:.0f} tokens (prompt {w['prompt_len']}, output median "
            f"{w['median_output']}, mean {w['mean_output']:.0f}, longest {w['longest_output']})"), "",
            "speedup against plain decoding by concurrency (sequences per engine) and k:",
-           f"{'conc':>5} {'bound':>8} {'plain tok/s':>12} " + " ".join(f"{'k=' + str(k):>6}" for k in range(1, k_max + 1))
+           f"{'conc':>5} {'bound':>8} {'plain tok/s':>12} "
+           + " ".join(f"{'k=' + str(k):>6}" for k in range(1, k_max + 1))
            + f" {'best k':>7}"]
     for row in r["by_concurrency"]:
         out.append(f"{row['concurrency']:>5} {row['bound']:>8} {row['plain_tok_s']:>12.0f} "

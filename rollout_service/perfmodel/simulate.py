@@ -16,7 +16,8 @@ from rollout_service.perfmodel.step import Drafter
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="gb200", help="cpu (fitted to --calibration), h100 or gb200")
-    p.add_argument("--calibration", help="cpu: bench/calibrate_cpu.py's JSON (default bench/results/cpu_calibration.json)")
+    p.add_argument("--calibration",
+                   help="cpu: bench/calibrate_cpu.py's JSON (default bench/results/cpu_calibration.json)")
     p.add_argument("--policy-config", required=True,
                    help="the policy's config.json (or its directory, or a shipped name: qwen3-8b, qwen3-235b-a22b)")
     p.add_argument("--drafter-config", help="the drafter's config.json (EAGLE-3 head or draft model; shipped: "

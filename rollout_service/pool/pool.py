@@ -49,6 +49,7 @@ class EnginePool:
         # so that an engine joins or leaves only between commits and catches up with all of them.
         self.push_lock = asyncio.Lock()
         self.held: str | None = None                     # an operator's pause (HTTP /pause): its in-flight mode
+        self.telemetry.patches_of = self.patch_report
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -161,6 +162,10 @@ class EnginePool:
             if self.held is not None:
                 await asyncio.gather(*(e.resume() for e in self.engines if e.state is EngineState.PAUSED))
                 self.held = None
+
+    def patch_report(self) -> list[dict]:
+        """engine/patches.py's report, as the first engine that has one gives it (every engine runs the same code)."""
+        return next((e.patches for e in self.engines if e.patches), [])
 
     @property
     def ready(self) -> bool:

@@ -1,7 +1,8 @@
 """Scale the engine pool while serving (ScaleEngines).
 
 Out: a new engine is built by the factory and joins the pool (EnginePool.join) once it is up at the committed
-policy and drafter versions (EnginePool.restart_at_committed, under the push lock, so no commit interleaves). In: the newest engines retire first (EnginePool.retire: no new work, wait until every sequence
+policy and drafter versions (EnginePool.restart_at_committed, under the push lock, so no commit interleaves). In: the
+newest engines retire first (EnginePool.retire: no new work, wait until every sequence
 they hold has finished, then leave the pool under the push lock and stop). Admitted requests are never dropped
 by scaling.
 """

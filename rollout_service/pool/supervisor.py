@@ -45,7 +45,8 @@ class Supervisor:
                 e.state in (EngineState.READY, EngineState.PAUSED) and not e.alive())
             if dead:
                 self.pool.mark_unhealthy(e, f"engine is dead ({e.death_reason() or 'unhealthy'}); failing its "
-                                            "in-flight requests as retriable and restarting it at the committed versions")
+                                            "in-flight requests as retriable and restarting it at the committed "
+                                            "versions")
                 found.append(e.id)
                 self.restarting[e.id] = asyncio.create_task(self._restart(e))
         return found

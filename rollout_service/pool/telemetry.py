@@ -26,7 +26,8 @@ class Telemetry:
         self.tokens_total = 0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens)
         self.spec: dict[tuple[int, int], SpecCounts] = {}
-        self.k_control: dict[str, dict] = {}          # engine id -> KController.snapshot() (EnginePool.refresh_k_control)
+        # engine id -> KController.snapshot() (EnginePool.refresh_k_control)
+        self.k_control: dict[str, dict] = {}
         self.registry = CollectorRegistry()
         r = self.registry
         self.m_requests = Counter("rollout_generate_requests", "Generate requests by final status code",
@@ -55,6 +56,8 @@ class Telemetry:
                                       "Ranks of the weight-transfer group (0: none set up)", registry=r)
         self.last_push: dict = {}                      # path, target, bytes, seconds, pause_s of the last commit
         r.register(_KControlCollector(self))
+        self.patches_of = list                        # -> engine/patches.py's report (EnginePool sets it)
+        r.register(_PatchCollector(self))
 
     def push_committed(self, path: str, target: str, num_bytes: int, seconds: float, pause_s: float) -> None:
         self.m_pushes.labels(path, "committed").inc()
@@ -105,6 +108,20 @@ class Telemetry:
 
     def uptime(self) -> float:
         return time.monotonic() - self.started
+
+
+class _PatchCollector:
+    """Every vLLM patch of engine/patches.py, 1 under its state: rollout_vllm_patch{name, state}."""
+
+    def __init__(self, telemetry: Telemetry):
+        self.t = telemetry
+
+    def collect(self):
+        g = GaugeMetricFamily("rollout_vllm_patch", "The project's vLLM patches by state (applied, not needed, "
+                              "skipped), as the first ready engine reports them", labels=["name", "state"])
+        for p in self.t.patches_of():
+            g.add_metric([p["name"], p["state"]], 1.0)
+        yield g
 
 
 class _KControlCollector:

@@ -2,7 +2,8 @@
 
 Two tokens: the client token opens the data plane (Generate, GetStatus, reflection, HTTP status and
 metrics); the admin token opens everything, including the control plane (PushWeights, UpdateDraft,
-LoadWeights, the weight-transfer RPCs). gRPC health checks and HTTP /healthz stay open so probes need no secret. Tokens are
+LoadWeights, the weight-transfer RPCs). gRPC health checks and HTTP /healthz stay open so probes need no secret.
+Tokens are
 compared in constant time and never logged: a client is named in logs and limits by a short hash.
 """
 from __future__ import annotations

@@ -80,7 +80,13 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
             acceptance_rate=rate, mean_acceptance_length=mean_len,
             per_position_acceptance=[a / c.steps for a in c.per_position] if c.steps else [],
             expected_speedup=expected))
+    patches = pool.patch_report()
+    for p in patches:
+        if p["state"] == "skipped" and p["without"]:
+            warnings.append(f"vLLM patch {p['name']} skipped ({p['reason']}): {p['without']}")
     return pb.Status(
+        patches=[pb.PatchState(name=p["name"], state=p["state"], reason=p["reason"], serves=p["serves"],
+                               without=p["without"]) for p in patches],
         model=model, policy_version=pool.policy_version, draft_version=pool.draft_version,
         speculation_method=spec_method, num_speculative_tokens=k,
         engines=[pb.EngineStatus(id=e.id, state=STATE[e.state], location=e.location,

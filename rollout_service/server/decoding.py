@@ -27,7 +27,8 @@ def _parse(cls, raw: bytes, max_bytes: int):
     if max_bytes and len(raw) > max_bytes:
         raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                            f"a {cls.DESCRIPTOR.name} message of {len(raw)} bytes exceeds max_message_mb="
-                           f"{max_bytes / 2**20:g}; send fewer prompts per request, or smaller tensor chunks (rollout_client: chunk_bytes=)")
+                           f"{max_bytes / 2**20:g}; send fewer prompts per request, or smaller tensor chunks "
+                           "(rollout_client: chunk_bytes=)")
     try:
         return cls.FromString(raw)
     except pbmessage.DecodeError as e:

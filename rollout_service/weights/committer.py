@@ -1,7 +1,8 @@
 """Commit staged weights on every engine, or on none: prepare, swap, roll back, record.
 
 One push at a time (the pool's push lock serializes them, and restarts and joins with them). Versions are
-strictly increasing per target. The commit: every engine loads the files beside the weights it serves while it keeps generating (prepare; if any
+strictly increasing per target. The commit: every engine loads the files beside the weights it serves while it keeps
+generating (prepare; if any
 engine fails, all drop what they prepared and nothing changed), then pause every engine (in-flight mode),
 swap the prepared weights in, label the new versions, resume: the pause lasts only the swap. If any
 engine fails to swap, the engines that already swapped get the previous values back (from the original

@@ -14,6 +14,14 @@ SERVICE_ARGS = ["--max-queue", "64", "--max-model-len", "512", "--kv-cache-gb", 
                 "--max-num-seqs", "32"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every test here is an integration test (real vLLM): `pytest -m "not integration"` runs the fast suite."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
+
+
 def wait_for(pred, timeout: float, what: str):
     """Poll `pred` until it returns something truthy (returned); fail naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -98,3 +98,18 @@ def test_seeded_long_prompt_batch(client):
     again = client.generate_all(prompts[:1], n=2, max_tokens=4, ignore_eos=True, seed=3)
     assert [s.token_ids.tolist() for s in again[0]] == [s.token_ids.tolist() for s in groups[0]]
     assert client.status().ready
+
+
+def test_status_reports_every_vllm_patch(client, service):
+    """engine/patches.py's report from a real worker: the CPU's fixes applied where the bug is present here, the
+    k scheduler not needed without k_control auto, every patch named, and /metrics with the same states."""
+    from rollout_service.engine.patches import PATCHES
+
+    by = {p.name: p for p in client.status().patches}
+    assert set(by) == {p.name for p in PATCHES}
+    assert by["gloo_weight_transfer"].state == "applied"
+    assert by["k0_fastpath"].state == "applied"                      # the V1 runner, the CPU's
+    assert by["cpu_rejection_expansion"].state in ("applied", "not needed")
+    assert by["k_scheduler"].state == "not needed" and by["k_scheduler"].reason
+    status, body = service.http_get("/metrics")
+    assert status == 200 and 'rollout_vllm_patch{name="k0_fastpath",state="applied"} 1.0' in body

@@ -143,7 +143,8 @@ def test_every_field_with_a_flag_is_a_serve_flag_and_limits_name_the_field():
     for overrides, message in [({"engines": 0}, "engines must be >= 1"),
                                ({"grpc_port": 70000}, "grpc_port must be in [0, 65535]"),
                                ({"engine.kv_cache_gb": 0}, "engine.kv_cache_gb must be > 0"),
-                               ({"engine.dtype": "int8"}, "engine.dtype must be one of auto, bfloat16, float16, float32"),
+                               ({"engine.dtype": "int8"},
+                                "engine.dtype must be one of auto, bfloat16, float16, float32"),
                                ({"engine.speculation.num_speculative_tokens": 17},
                                 "engine.speculation.num_speculative_tokens must be in [1, 16]")]:
         with pytest.raises(ConfigError) as e:

@@ -25,7 +25,8 @@ if not current_platform.is_cpu():
     raise SystemExit(0)
 current_platform.register_triton_kernel_overrides()     # what every vLLM worker does first
 was_broken = cpu_fix.expansion_is_broken()
-assert cpu_fix.install() == was_broken
+assert cpu_fix.install_expansion_fix() == was_broken
+cpu_fix.install_empty_top_k_guard()
 assert not cpu_fix.expansion_is_broken() and not cpu_fix.empty_top_k_is_broken()
 print("ok")
 """

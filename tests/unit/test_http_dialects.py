@@ -205,7 +205,8 @@ def test_weight_updates_by_path_commit_or_change_nothing(make, tmp_path):
         pool, weights, c = await make()
         r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "bad.safetensors")})
         assert r.status_code == 400 and r.json()["success"] is False and "shape" in r.json()["message"]
-        r = await c.post("/update_weights_from_disk", json={"model_path": "/etc"})  # outside the roots: PERMISSION_DENIED
+        # outside the roots: PERMISSION_DENIED
+        r = await c.post("/update_weights_from_disk", json={"model_path": "/etc"})
         assert r.status_code == 403 and "weights-root" in r.json()["message"]
         assert pool.policy_version == 0
         r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "new.safetensors")})

@@ -21,7 +21,8 @@ CHILD = "from rollout_service.launcher import die_with_parent; die_with_parent()
 def test_child_gets_sigterm_when_its_parent_is_killed():
     parent_code = textwrap.dedent(f"""
         import os, subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", {CHILD!r}], env={{**os.environ, {PARENT_ENV!r}: str(os.getpid())}})
+        env = {{**os.environ, {PARENT_ENV!r}: str(os.getpid())}}
+        child = subprocess.Popen([sys.executable, "-c", {CHILD!r}], env=env)
         print(child.pid, flush=True)
         time.sleep(120)
     """)

@@ -111,7 +111,8 @@ def test_cli_simulate_prints_a_table_and_writes_json(tmp_path):
     out = tmp_path / "sim.json"
     r = subprocess.run([sys.executable, "-m", "rollout_service.cli", "simulate", "--hardware", "gb200",
                         "--policy-config", str(model.CONFIGS / "qwen3-8b.json"), "--drafter-config", "qwen3-8b-eagle3",
-                        "--acceptance", "0.7,0.6,0.55", "--json", str(out)], check=False, capture_output=True, text=True, timeout=60)
+                        "--acceptance", "0.7,0.6,0.55", "--json", str(out)], check=False, capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "best k" in r.stdout and "RL step" in r.stdout
     data = json.loads(out.read_text())

