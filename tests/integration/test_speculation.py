@@ -209,30 +209,37 @@ def ngram_prompts(model_dir, bases):
     return out
 
 
-def test_ngram_speculation_is_lossless(tiny_model):
+@pytest.fixture(scope="module")
+def repeats(tiny_model):
+    """Prompts the model-free drafters (n-gram, suffix) match, and the plain side of their checks, sampled once."""
     prompts = ngram_prompts(tiny_model, NGRAM_PROMPTS)
+    return prompts, sample_plain(str(tiny_model), prompts, **ARGS)
+
+
+def test_ngram_speculation_is_lossless(tiny_model, repeats):
+    prompts, plain = repeats
     report = check_lossless(str(tiny_model), SpeculationConfig(method="ngram", num_speculative_tokens=3,
                                                                prompt_lookup_min=1, prompt_lookup_max=3,
                                                                k_control="fixed"),
-                            prompts, **ARGS)
+                            prompts, plain=plain, **ARGS)
     print(report.render())
     assert report.passed, report.render()
     assert "proposed nothing" not in report.render(), "the prompts must make the n-gram drafter propose"
 
 
 @pytest.mark.parametrize("per_step", [False, True], ids=["fixed", "k-per-step"])
-def test_suffix_decoding_is_lossless(tiny_model, per_step):
+def test_suffix_decoding_is_lossless(tiny_model, repeats, per_step):
     """Suffix decoding (Arctic Inference's suffix trees, vLLM method "suffix") on prompts whose repeats it
     matches. k-per-step: vLLM's dynamic path tells the proposer a k for each step (3, then 0, then 2 as the check's
     sequences drain; the controller does the same through that path), which vLLM's proposer refused before
     speculation/suffix_k.py; at k = 0 it must still record the sampled tokens it drafts from later."""
     from rollout_service.config import OPEN_BATCH
 
-    prompts = ngram_prompts(tiny_model, NGRAM_PROMPTS)
+    prompts, plain = repeats
     schedule = [(1, 16, 3), (17, 40, 0), (41, OPEN_BATCH, 2)] if per_step else []
     report = check_lossless(str(tiny_model), SpeculationConfig(method="suffix", num_speculative_tokens=3,
                                                                k_control="fixed", k_by_batch_size=schedule),
-                            prompts, **ARGS)
+                            prompts, plain=plain, **ARGS)
     print(report.render())
     assert report.passed, report.render()
     assert report.acceptance_rate > 0.05, "the prompts must make the suffix drafter propose and be accepted"
