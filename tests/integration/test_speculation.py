@@ -15,6 +15,7 @@ from tests.integration.conftest import SERVICE_ARGS
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9]]
 NGRAM_PROMPTS = [[1] + [501, 502, 503, 504, 505] * 6, [1] + [900, 901, 902] * 8]
 ARGS = dict(samples=600, max_tokens=3, temperature=1.0, top_k=4)
+PLAIN_ARGS = ARGS | {"top_k": 0}       # the checks on `repeats` prompts: no top-k (the draft-model checks cover it)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +52,13 @@ def test_k_chosen_per_step_is_lossless(tiny_model, drafter, plain):
     assert len(report.k_steps) == 4 and report.k_steps[0] > 0 and sum(report.k_steps[1:]) > 0, report.k_steps
 
 
-def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter):
+def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter, repeats):
     """Unfixed, the rejection sampler reads garbage temperature (and top-k, top-p): wrong samples and log-probs. The
     check must complete and reject: an engine crash would show nothing about its power. Without top-k (garbage top-k
     out of range crashes the engine: 'selected index k out of range') the unfixed engine runs and samples wrongly."""
-    args = ARGS | {"top_k": 0}
-    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, spec_env={"ROLLOUT_DISABLE_CPU_SPEC_FIX": "1"},
-                            **args)
+    prompts, plain = repeats
+    report = check_lossless(str(tiny_model), spec(drafter), prompts, plain=plain,
+                            spec_env={"ROLLOUT_DISABLE_CPU_SPEC_FIX": "1"}, **PLAIN_ARGS)
     print(report.render())
     assert report.completed, report.render()
     assert not report.passed and report.outcome == "NOT LOSSLESS"
@@ -213,7 +214,7 @@ def ngram_prompts(model_dir, bases):
 def repeats(tiny_model):
     """Prompts the model-free drafters (n-gram, suffix) match, and the plain side of their checks, sampled once."""
     prompts = ngram_prompts(tiny_model, NGRAM_PROMPTS)
-    return prompts, sample_plain(str(tiny_model), prompts, **ARGS)
+    return prompts, sample_plain(str(tiny_model), prompts, **PLAIN_ARGS)
 
 
 def test_ngram_speculation_is_lossless(tiny_model, repeats):
@@ -221,7 +222,7 @@ def test_ngram_speculation_is_lossless(tiny_model, repeats):
     report = check_lossless(str(tiny_model), SpeculationConfig(method="ngram", num_speculative_tokens=3,
                                                                prompt_lookup_min=1, prompt_lookup_max=3,
                                                                k_control="fixed"),
-                            prompts, plain=plain, **ARGS)
+                            prompts, plain=plain, **PLAIN_ARGS)
     print(report.render())
     assert report.passed, report.render()
     assert "proposed nothing" not in report.render(), "the prompts must make the n-gram drafter propose"
@@ -239,7 +240,7 @@ def test_suffix_decoding_is_lossless(tiny_model, repeats, per_step):
     schedule = [(1, 16, 3), (17, 40, 0), (41, OPEN_BATCH, 2)] if per_step else []
     report = check_lossless(str(tiny_model), SpeculationConfig(method="suffix", num_speculative_tokens=3,
                                                                k_control="fixed", k_by_batch_size=schedule),
-                            prompts, plain=plain, **ARGS)
+                            prompts, plain=plain, **PLAIN_ARGS)
     print(report.render())
     assert report.passed, report.render()
     assert report.acceptance_rate > 0.05, "the prompts must make the suffix drafter propose and be accepted"
