@@ -76,3 +76,29 @@ def test_async_steps_never_use_samples_older_than_the_lag(grpo_service, tmp_path
     assert all(r["max_lag_used"] <= 1 for r in rows)
     assert any(r["max_lag_used"] == 1 for r in rows[1:])     # generation really overlapped training
     assert c.status().policy_version == before.policy_version + 3
+
+
+def test_drafter_weights_travel_over_the_transfer_group(grpo_service):
+    """TransferWeights with the drafter as target: its own version, the policy's unchanged, and a drafter tensor of
+    the wrong shape refused naming it."""
+    import grpc
+    import torch
+    from rollout_client.transfer import WeightSync
+    from safetensors.torch import load_file
+
+    svc, c, drafter = grpo_service
+    before = c.status()
+    state = {k: v + 0.01 for k, v in load_file(str(next(drafter.glob("*.safetensors")))).items()}
+    sync = WeightSync(c, timeout_s=30)
+    sync.connect(timeout=120)
+    try:
+        name = next(iter(state))
+        with pytest.raises(grpc.RpcError) as e:
+            sync.push(dict(state) | {name: torch.zeros(2, 2)}, before.draft_version + 1, target="drafter")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and name in e.value.details()
+        r = sync.push(state, before.draft_version + 1, target="drafter")
+        assert r.target == "drafter" and r.version == before.draft_version + 1
+        after = c.status()
+        assert after.draft_version == before.draft_version + 1 and after.policy_version == before.policy_version
+    finally:
+        sync.close()
