@@ -40,6 +40,21 @@ def engine(q_in, q_out, repeats: int):
         del src, handles
 
 
+def timed_copies(dst: list, src: list, repeats: int) -> list[float]:
+    """Seconds per repeat to copy every tensor of `src` into `dst` (GPU work included)."""
+    import torch
+
+    out = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for d, s in zip(dst, src):
+            d.copy_(s, non_blocking=True)
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=2.0)
@@ -61,23 +76,8 @@ def main() -> None:
         ipc.append(q_out.get(timeout=120))
     p.join(60)
     dst = [torch.empty_like(t) for t in src]
-    d2d = []
-    for _ in range(args.repeats):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for d, s in zip(dst, src):
-            d.copy_(s, non_blocking=True)
-        torch.cuda.synchronize()
-        d2d.append(time.perf_counter() - t)
-    host = [t.cpu().pin_memory() for t in src]
-    h2d = []
-    for _ in range(args.repeats):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for d, s in zip(dst, host):
-            d.copy_(s, non_blocking=True)
-        torch.cuda.synchronize()
-        h2d.append(time.perf_counter() - t)
+    d2d = timed_copies(dst, src, args.repeats)
+    h2d = timed_copies(dst, [t.cpu().pin_memory() for t in src], args.repeats)
     rows = {"device": torch.cuda.get_device_name(0), "bytes": nbytes, "date": time.strftime("%Y-%m-%dT%H:%M"),
             "ipc_s": ipc, "d2d_s": d2d, "h2d_pinned_s": h2d,
             "ipc_gb_per_s_best": nbytes / min(ipc) / 1e9,

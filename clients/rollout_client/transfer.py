@@ -140,21 +140,10 @@ def by_rank(metas: list[tuple[str, str, list[int]]], ranks: list[int] | None,
 
 
 def tensors_of(weights, dtype=None) -> list[tuple[str, object]]:
-    """(name, tensor) pairs of a module or a name->tensor dict, shared storage (tied embeddings) sent once,
-    cast to `dtype` when given."""
-    state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
-    seen, out = set(), []
-    for name, t in state.items():
-        t = t.detach()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.device.type == "cpu" else None
-        if key is not None and key in seen:
-            continue
-        if key is not None:
-            seen.add(key)
-        if dtype is not None and t.dtype != dtype:
-            t = t.to(dtype)
-        out.append((name, t.to("cpu")))
-    return out
+    """weights.state_tensors (shared storage once), on the CPU (gloo sends from there) and cast to `dtype` if given."""
+    from rollout_client.weights import state_tensors
+
+    return [(name, t.to("cpu", dtype or t.dtype)) for name, t in state_tensors(weights)]
 
 
 def metas_of(pairs: Iterable[tuple[str, object]]) -> list[tuple[str, str, list[int]]]:

@@ -14,8 +14,8 @@ from rollout_client.wire import DTYPE_NAMES, MODES
 
 
 
-def _tensors(weights) -> list[tuple[str, object]]:
-    """(name, detached CPU contiguous tensor) pairs, shared storage sent once."""
+def state_tensors(weights) -> list[tuple[str, object]]:
+    """(name, detached tensor) pairs of a module or a name->tensor dict, shared storage (tied embeddings) once."""
     state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
     seen, out = set(), []
     for name, t in state.items():
@@ -47,7 +47,7 @@ def push_stream(weights, version: int, *, target: int, mode: str = "wait", parti
         raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
     if checksum not in ("trailer", "header"):
         raise ValueError(f"checksum must be 'trailer' or 'header', got {checksum!r}")
-    tensors = _tensors(weights)
+    tensors = state_tensors(weights)
     h, total = hashlib.sha256(), 0
     for _, t in tensors:                       # sizes (and, for a header checksum, the hash) first
         if checksum == "header":

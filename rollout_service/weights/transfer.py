@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -273,10 +274,7 @@ class WeightTransfer:
                               f"(0..{group.trainer_ranks - 1})")
             if manifest.check_tensor(m.name, m.dtype, m.shape, where=where):
                 kept.append(m.name)
-            n = ITEMSIZE[m.dtype]
-            for d in m.shape:
-                n *= d
-            total += n
+            total += ITEMSIZE[m.dtype] * math.prod(m.shape)
         return list(seen), total, kept
 
 
