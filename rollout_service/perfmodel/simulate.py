@@ -2,20 +2,28 @@
 
     rollout-service simulate --hardware gb200 --policy-config qwen3-8b --drafter-config qwen3-8b-eagle3 \\
         --acceptance 0.62 [--from-status HOST:PORT | --from-metrics metrics.jsonl] [--json out.json --plot out.png]
+    rollout-service simulate --hardware h200 --policy-config qwen3-8b [--drafter-config qwen3-8b-eagle3] \\
+        --step-table 1:1:512,64:4:2048 --json -        # single step times: {"steps": [{batch, width, context,
+                                                       # seconds, draft_seconds}]}
+    --hardware-from FILE: a profile fitted to a bench/gpu_step_probe.py file instead of --hardware (perfmodel/fit.py)
 """
 from __future__ import annotations
 
 import argparse
+import json
 
 from rollout_service.perfmodel import acceptance as acc
 from rollout_service.perfmodel import hardware, model, report
 from rollout_service.perfmodel.rl import PUSH_PATHS, push_seconds, rl_step, train_seconds
 from rollout_service.perfmodel.rollout import Engine, drain, lognormal_lengths, mean_length, steady_context
-from rollout_service.perfmodel.step import Drafter
+from rollout_service.perfmodel.step import Drafter, step_table
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hardware", default="gb200", help="cpu (fitted to --calibration), h100 or gb200")
+    p.add_argument("--hardware", default="gb200", help="cpu (fitted to --calibration), h100, h200 or gb200")
+    p.add_argument("--hardware-from", metavar="FILE",
+                   help="a GPU profile fitted to this bench/gpu_step_probe.py file (or ../shared/reference/"
+                        "h200-steps.json) instead of --hardware: its own bandwidth, FLOP/s and step costs")
     p.add_argument("--calibration",
                    help="cpu: bench/calibrate_cpu.py's JSON (default bench/results/cpu_calibration.json)")
     p.add_argument("--policy-config", required=True,
@@ -24,7 +32,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                             "qwen3-8b-eagle3); none with --method ngram")
     p.add_argument("--method", choices=["eagle3", "draft_model", "ngram"],
                    help="default: eagle3 for an EAGLE-3 head's config, draft_model for another, ngram without one")
-    src = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("--step-table", metavar="B:W:N,...",
+                   help="print single step times instead: batch B, width W new tokens per sequence (k + 1 for a "
+                        "verify), context N; seconds = one forward (its overhead included, sampling and drafting "
+                        "not), draft_seconds = one drafter step at B and N (with --drafter-config); --json - prints "
+                        "{\"steps\": [...]}")
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--acceptance", help="per-position acceptance a_1,a_2,... (positions past the list reuse the "
                                           "last value), e.g. 0.7,0.6,0.55")
     src.add_argument("--from-status", metavar="HOST:PORT", help="read it from a running service's GetStatus")
@@ -52,22 +65,74 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="write a plot of speedup by concurrency and k here (matplotlib)")
 
 
+def profile(args) -> hardware.Hardware:
+    if getattr(args, "hardware_from", None):
+        from rollout_service.perfmodel.fit import from_probe
+
+        return from_probe(args.hardware_from)
+    return hardware.get(args.hardware, args.calibration)
+
+
+def auto_tp(policy: model.Transformer, hw: hardware.Hardware) -> int:
+    """The fewest powers of two of devices holding the weights in 60% of their memory."""
+    tp = 1
+    while policy.params() * hw.bytes_per_param > 0.6 * hw.mem_bytes * tp:
+        tp *= 2
+    return tp
+
+
+def parse_step_table(text: str) -> list[tuple[int, int, int]]:
+    """"1:1:512,64:4:2048" -> [(1, 1, 512), (64, 4, 2048)]."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        parts = item.split(":")
+        if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise SystemExit(f"--step-table {item!r}: BATCH:WIDTH:CONTEXT, positive integers (e.g. 64:4:2048)")
+        out.append(tuple(int(x) for x in parts))
+    if not out:
+        raise SystemExit("--step-table: at least one BATCH:WIDTH:CONTEXT")
+    return out
+
+
+def run_step_table(args) -> int:
+    hw = profile(args)
+    policy = model.load(args.policy_config)
+    dm = model.load(args.drafter_config) if args.drafter_config else None
+    drafter = None
+    if dm is not None:
+        drafter = Drafter(args.method or ("eagle3" if dm.eagle3 else "draft_model"), dm)
+    result = step_table(policy, hw, parse_step_table(args.step_table), drafter, args.tp or auto_tp(policy, hw))
+    if args.json == "-":
+        print(json.dumps(result))
+        return 0
+    print(f"{policy.name} on {hw.name}" + (f", drafter {dm.name}" if dm else "") + ":")
+    print(f"{'batch':>6} {'width':>6} {'context':>8} {'step ms':>9}" + (f" {'draft ms':>9}" if dm else ""))
+    for r in result["steps"]:
+        print(f"{r['batch']:>6} {r['width']:>6} {r['context']:>8} {r['seconds'] * 1e3:>9.3f}"
+              + (f" {r['draft_seconds'] * 1e3:>9.3f}" if dm else ""))
+    if args.json:
+        report.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build(args) -> dict:
-    hw = hardware.get(args.hardware, args.calibration)
+    hw = profile(args)
     policy = model.load(args.policy_config)
     dm = model.load(args.drafter_config) if args.drafter_config else None
     method = args.method or ("ngram" if dm is None else "eagle3" if dm.eagle3 else "draft_model")
     if method != "ngram" and dm is None:
         raise SystemExit(f"--method {method} needs --drafter-config")
+    if not (args.acceptance or args.from_status or args.from_metrics):
+        raise SystemExit("simulate needs the acceptance: --acceptance, --from-status or --from-metrics "
+                         "(or --step-table for single step times)")
     if args.acceptance:
         a, source = acc.parse(args.acceptance), "typed"
     elif args.from_status:
         a, source = acc.from_status(args.from_status), f"GetStatus of {args.from_status}"
     else:
         a, source = acc.from_metrics(args.from_metrics), f"{args.from_metrics}"
-    tp = args.tp or 1
-    while not args.tp and policy.params() * hw.bytes_per_param > 0.6 * hw.mem_bytes * tp:
-        tp *= 2
+    tp = args.tp or auto_tp(policy, hw)
     drafter = Drafter(method, dm if method != "ngram" else None)
     eng = Engine(policy, hw, drafter, a, tp)
     plain = Engine(policy, hw, None, [], tp)
@@ -113,7 +178,8 @@ def build(args) -> dict:
     return {
         "hardware": {"name": hw.name, "source": hw.source, "mem_bw": hw.mem_bw, "flops": hw.flops,
                      "overhead_s": hw.overhead_s, "draft_overhead_s": hw.draft_overhead_s, "mem_eff": hw.mem_eff,
-                     "flop_eff": hw.flop_eff, "train_mfu": hw.train_mfu},
+                     "flop_eff": hw.flop_eff, "train_mfu": hw.train_mfu,
+                     "step_fit": ({k: v for k, v in vars(hw.fit).items()} if hw.fit else None)},
         "policy": {"name": policy.name, "params": policy.params(), "active_params": policy.active_params(), "tp": tp},
         "drafter": {"method": method, "name": dm.name if dm else None, "params": dm.params() if dm else 0},
         "acceptance": {"per_position": a, "source": source,
@@ -132,6 +198,8 @@ def build(args) -> dict:
 
 
 def run(args) -> int:
+    if args.step_table:
+        return run_step_table(args)
     result = build(args)
     print(report.table(result))
     if args.json:

@@ -1,14 +1,24 @@
-"""One engine step on one engine (tp devices): roofline time of a plain or a speculative decoding step.
+"""One engine step on one engine (tp devices): the time of a plain or a speculative decoding step.
 
-    forward(w tokens per sequence, batch B, context n) = max(bytes / bandwidth, FLOPs / peak) + all-reduces + overhead
-        bytes = weights read (MoE: the experts B w tokens route to) + KV cache read (B n) + KV written (B w)
-        FLOPs = 2 x active weights x B w + attention (4 x layers x heads x head_dim x n per query token)
+forward(w tokens per sequence, batch B, context n), t = B w tokens, on a GPU (hw.fit, fitted to measured H200
+steps: hardware.GPU_FIT):
+    GEMMs      m = weight bytes read / (mem_bw mem_eff)   (MoE: the experts t tokens route to)
+               c = 2 x active weights x t / (flops flop_eff)
+               gemm = max(m, c) + (1 - overlap) min(m, c)            a gradual corner, not the sharp max(m, c)
+    attention  max(KV bytes B (n + w) / (mem_bw mem_eff), attention FLOPs / (flops flop_eff)
+                   [, waves of B x KV heads CTAs each sweeping its n + w keys at attn_cta_bw])
+    step       = gemm + attention + all-reduces + overhead + layers x (layer_s + verify_layer_s if w > 1)
+    engine step adds sampling: B w rows x vocabulary x 4 bytes x sampler_passes / (mem_bw mem_eff)
+On the CPU (hw.fit None: the calibrated profile) it is the roofline
+    max((weight bytes + KV bytes) / bandwidth, (GEMM + attention FLOPs) / peak) + all-reduces + overhead.
     spec_step(k)  = forward(k + 1) [verify]  +  k drafter steps  (+ a calibrated per-step cost, CPU only)
 A verify step reads the weights and the KV cache once for all k + 1 tokens: it costs about one plain step while
-B (k + 1) tokens stay below the ridge (hw.ridge() FLOPs per byte), and about k + 1 plain steps well above it.
+B (k + 1) tokens are few, and about k + 1 plain steps once the GEMMs are compute-bound; on a GPU the cost rises
+gradually from about 64 tokens per step, not at a sharp ridge (hw.ridge() FLOPs per byte).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rollout_service.perfmodel.hardware import Hardware
@@ -33,17 +43,42 @@ def forward(m: Transformer, hw: Hardware, batch: int, width: int, context: float
     """One forward of `batch` sequences, `width` new tokens each, over `context` cached tokens each, sharded
     over `tp` devices (weights, KV heads and FLOPs split evenly; two all-reduces of the activations per layer)."""
     tokens = batch * width
-    bytes_ = (m.weight_bytes_read(tokens, hw.bytes_per_param)
-              + m.kv_bytes_per_token() * batch * (context + width)) / tp
-    flops = m.flops(tokens, context + width / 2) / tp
-    memory_s = bytes_ / (hw.mem_bw * hw.mem_eff)
-    compute_s = flops / (hw.flops * hw.flop_eff)
+    bw, peak = hw.mem_bw * hw.mem_eff, hw.flops * hw.flop_eff
+    weight_bytes = m.weight_bytes_read(tokens, hw.bytes_per_param) / tp
+    kv_bytes = m.kv_bytes_per_token() * batch * (context + width) / tp
+    gemm_flops = 2 * m.active_params() * tokens / tp
+    attn_flops = m.flops(tokens, context + width / 2) / tp - gemm_flops
+    memory_s = (weight_bytes + kv_bytes) / bw
+    compute_s = (gemm_flops + attn_flops) / peak
     comm_s = 0.0
     if tp > 1:                                # ring all-reduce: 2 (tp - 1) / tp of the bytes over each link
         per = 2 * (tp - 1) / tp * tokens * m.hidden * 2 / hw.link_bw + hw.allreduce_latency_s
         comm_s = 2 * m.layers * per
     over = hw.overhead_s if overhead_s is None else overhead_s
-    return StepTime(max(memory_s, compute_s) + comm_s + over, memory_s, compute_s, comm_s, over)
+    f = hw.fit
+    if f is None:                             # the plain roofline (the CPU profile's calibrated form)
+        return StepTime(max(memory_s, compute_s) + comm_s + over, memory_s, compute_s, comm_s, over)
+    m_s, c_s = weight_bytes / bw, gemm_flops / peak
+    gemm = max(m_s, c_s) + (1 - f.overlap) * min(m_s, c_s)
+    attn = max(kv_bytes / bw, attn_flops / peak)
+    if f.attn_cta_bw and f.sms:               # no split-KV: one CTA per (sequence, KV head, 128 query rows)
+        kv_heads = math.ceil(m.kv_heads / tp)
+        ctas = batch * kv_heads * math.ceil(m.heads // m.kv_heads * width / ATTN_TILE_ROWS)
+        sweep = m.layers * (context + width) * m.head_dim * 2 * 2 / f.attn_cta_bw    # K and V, bf16
+        attn = max(attn, math.ceil(ctas / f.sms) * sweep)
+    over += m.layers * (f.layer_s + (f.verify_layer_s if width > 1 else 0.0))
+    return StepTime(gemm + attn + comm_s + over, memory_s, compute_s, comm_s, over)
+
+
+ATTN_TILE_ROWS = 128       # query rows of one attention tile (FlashAttention's block for head_dim 128)
+
+
+def sample_seconds(m: Transformer, hw: Hardware, rows: int, tp: int = 1) -> float:
+    """Sampling `rows` rows of float32 logits over the vocabulary (GPU profiles; the CPU calibration's steps
+    include their sampling)."""
+    if hw.fit is None:
+        return 0.0
+    return rows * m.vocab * 4 * hw.fit.sampler_passes / (tp * hw.mem_bw * hw.mem_eff)
 
 
 @dataclass(frozen=True)
@@ -68,9 +103,23 @@ def spec_step(m: Transformer, d: Drafter | None, hw: Hardware, batch: int, k: in
               tp: int = 1) -> float:
     """Seconds of one engine step drafting and verifying k tokens per sequence (k = 0: a plain step)."""
     if k == 0 or d is None:
-        plain = forward(m, hw, batch, 1, context, tp).seconds
+        plain = forward(m, hw, batch, 1, context, tp).seconds + sample_seconds(m, hw, batch, tp)
         if d is not None and d.method in hw.k0_overhead:          # calibrated (CPU): measured at k = 0
             return plain * (1 + hw.k0_overhead[d.method])
         return plain + (d.k0_steps * draft_step(d, hw, batch, context, tp) if d is not None else 0.0)
-    return (forward(m, hw, batch, k + 1, context, tp).seconds + k * draft_step(d, hw, batch, context, tp)
-            + hw.spec_overhead_s)
+    return (forward(m, hw, batch, k + 1, context, tp).seconds + sample_seconds(m, hw, batch * (k + 1), tp)
+            + k * draft_step(d, hw, batch, context, tp) + hw.spec_overhead_s)
+
+
+def step_table(policy: Transformer, hw: Hardware, cells, drafter: Drafter | None = None, tp: int = 1) -> dict:
+    """Single step times, `rollout-service simulate --step-table`'s answer and what bench/validate_perfmodel.py
+    compares with measured steps: {"steps": [{batch, width, context, seconds[, draft_seconds]}]} for each
+    (batch, width, context) of `cells`; seconds: one forward (its overhead included; sampling and drafting not),
+    draft_seconds: one drafter step at that batch and context."""
+    rows = []
+    for b, w, n in cells:
+        row = {"batch": b, "width": w, "context": n, "seconds": forward(policy, hw, b, w, n, tp).seconds}
+        if drafter is not None:
+            row["draft_seconds"] = draft_step(drafter, hw, b, n, tp)
+        rows.append(row)
+    return {"steps": rows}
