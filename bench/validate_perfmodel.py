@@ -19,6 +19,21 @@ and acceptance their metrics record), predicted by draining that batch through t
 benchmark cells, not in their median: the runs are hours apart on a machine that drifts. Plain tok/s is predicted
 too, for information only:
 this machine drifts up to 3x within a day, so absolute rates are not comparable across runs.
+
+GPU steps (--gpu-reference FILE: ../shared/reference/h200-steps.json or a bench/gpu_step_probe.py file):
+
+    .venv/bin/python bench/validate_perfmodel.py --gpu-reference ../shared/reference/h200-steps.json \\
+        [--held-out bench/results/gpu_step_probe_h200_heldout.json,...] [--probe bench/results/gpu_step_probe_h200.json]
+        [--gpu-out bench/results/gpu_validation_h200]      # .json and .txt
+
+The profile is fitted to the file (perfmodel/fit.py: the reference's own efficiency and step costs), and for every
+(batch, context) in it the model's T(w)/T(1) for each width and each drafter's step over the target's width-1 step
+are set against the measured ones (step times from step.step_table, what `simulate --step-table` prints), with
+the absolute error of every step time. Goals (issue 31): median absolute error of the ratios <= 5%, max <= 15%.
+Beside it: the shipped h200 profile (datasheet peaks, the fitted form, vLLM's assumed host costs) and the model
+before the fit (a sharp roofline at 80% of bandwidth and 60% of FLOP/s, 1 ms a step), for information; held-out
+probe runs (other batches, contexts, shapes) predicted by the profile fitted to the reference, not refitted; and
+--probe, a probe run of the same grid, compared cell by cell with the reference (measured against measured).
 """
 from __future__ import annotations
 
@@ -125,6 +140,102 @@ def why(w: dict, cal: dict) -> str:
                else ""))
 
 
+GOAL_MEDIAN, GOAL_MAX = 0.05, 0.15
+
+
+def ratio_table(r: dict) -> list[str]:
+    """Per (target, batch, context): measured/predicted T(w)/T(1) by width, and drafter step / target step."""
+    keys = sorted({(x["kind"], x["context"], x["batch"]) for x in r["ratios"]}
+                  | {(x["target"], x["context"], x["batch"]) for x in r["drafter"]})
+    widths = sorted({x["width"] for x in r["ratios"]})
+    kinds = sorted({x["kind"] for x in r["drafter"]})
+    head = (f"{'target':<10} {'ctx':>5} {'batch':>5}  " + "  ".join(f"{'T(' + str(w) + ')/T(1)':>13}" for w in widths)
+            + "".join(f"  {k + ' / T(1)':>22}" for k in kinds))
+    out = [head, " " * 24 + "  ".join(f"{'meas  model':>13}" for _ in widths)
+           + "".join(f"  {'meas   model':>22}" for _ in kinds)]
+    by_width = {(x["kind"], x["context"], x["batch"], x["width"]): x for x in r["ratios"]}
+    by_drafter = {(x["target"], x["context"], x["batch"], x["kind"]): x for x in r["drafter"]}
+    for kind, ctx, b in keys:
+        cells = []
+        for w in widths:
+            x = by_width.get((kind, ctx, b, w))
+            cells.append(f"{x['measured']:>6.2f} {x['predicted']:>6.2f}" if x else f"{'-':>13}")
+        for k in kinds:
+            x = by_drafter.get((kind, ctx, b, k))
+            cells.append(f"{x['measured']:>11.3f} {x['predicted']:>6.3f}" if x else f"{'-':>18}")
+        out.append(f"{kind:<10} {ctx:>5} {b:>5}  " + "  ".join(cells[:len(widths)])
+                   + "".join(f"  {c:>22}" for c in cells[len(widths):]))
+    return out
+
+
+def gpu_summary(r: dict) -> dict:
+    from rollout_service.perfmodel.fit import summary
+
+    both = summary(r["ratios"] + r["drafter"])
+    return {"ratios_T(w)/T(1)": summary(r["ratios"]), "drafter_over_target": summary(r["drafter"]),
+            "all_ratios": both, "step_seconds": summary(r["steps"]),
+            "goal_met": bool(both.get("n")) and both["median_abs_error"] <= GOAL_MEDIAN
+            and both["max_abs_error"] <= GOAL_MAX}
+
+
+def line(name: str, s: dict) -> str:
+    def f(x):
+        return f"median {x['median_abs_error']:.1%}, max {x['max_abs_error']:.1%} ({x['n']})" if x.get("n") else "-"
+    return (f"{name}: T(w)/T(1) {f(s['ratios_T(w)/T(1)'])}; drafter/target {f(s['drafter_over_target'])}; "
+            f"all ratios {f(s['all_ratios'])}; step seconds {f(s['step_seconds'])}")
+
+
+def gpu_validation(reference: str, held_out: list[str], probe_file: str | None, out: str) -> dict:
+    from dataclasses import replace as dc_replace
+
+    from rollout_service.perfmodel import fit
+
+    ref = fit.read(reference)
+    hw = fit.fit(ref)
+    before = dc_replace(hardware.H200, name="before issue 31 (roofline)", fit=None, mem_eff=0.8, flop_eff=0.6,
+                        overhead_s=1e-3, draft_overhead_s=0.25e-3)
+    own = fit.comparisons(ref, hw)
+    result = {"reference": reference, "reference_date": ref.date, "gpu": ref.gpu,
+              "goal": f"median abs error of the ratios <= {GOAL_MEDIAN:.0%}, max <= {GOAL_MAX:.0%} (issue 31)",
+              "profile": {"describe": fit.describe(hw), "mem_eff": hw.mem_eff, "flop_eff": hw.flop_eff,
+                          "mem_bw": hw.mem_bw, "flops": hw.flops, "overhead_s": hw.overhead_s,
+                          "step_fit": vars(hw.fit)},
+              "fitted": {**gpu_summary(own), **own},
+              "shipped_h200": gpu_summary(fit.comparisons(ref, hardware.H200)),
+              "before": gpu_summary(fit.comparisons(ref, before)),
+              "held_out": {}}
+    lines = [f"GPU steps: {reference} ({ref.gpu}, {ref.date}); the model fitted to it:", "  " + fit.describe(hw), "",
+             *ratio_table(own), "", line("fitted (the reference's own efficiency)", result["fitted"]),
+             f"goal ({result['goal']}): {'met' if result['fitted']['goal_met'] else 'NOT met'}",
+             line("shipped h200 profile (vLLM's assumed 1 ms a step, split-KV attention)", result["shipped_h200"]),
+             line("before issue 31 (sharp roofline, 80%/60%, 1 ms; H200 peaks)", result["before"])]
+    for path in held_out:
+        probe = fit.read(path)
+        r = fit.comparisons(probe, hw)
+        result["held_out"][path] = {**gpu_summary(r), **r}
+        lines += ["", f"held out: {path} ({probe.gpu}, {probe.date}), predicted by the profile fitted to the "
+                  "reference (not refitted):", *ratio_table(r), line("  held out", result["held_out"][path])]
+    if probe_file:
+        probe = fit.read(probe_file)
+        meas = {(c.kind, c.batch, c.width, c.context): c.seconds for c in ref.cells + ref.drafters}
+        diffs = [c.seconds / meas[k] - 1 for c in probe.cells + probe.drafters
+                 if (k := (c.kind, c.batch, c.width, c.context)) in meas]
+        srt = sorted(abs(d) for d in diffs)
+        result["probe_vs_reference"] = {"probe": probe_file, "date": probe.date, "cells": len(diffs),
+                                        "median_diff": round(statistics.median(diffs), 4),
+                                        "median_abs_diff": round(srt[len(srt) // 2], 4),
+                                        "max_abs_diff": round(srt[-1], 4)}
+        result["probe_fitted"] = gpu_summary(fit.comparisons(probe, hw))
+        lines += ["", (f"probe {probe_file} ({probe.date}) against the reference, cell by cell (measured against "
+                       f"measured): {len(diffs)} cells, median {statistics.median(diffs):+.1%}, median |diff| "
+                       f"{srt[len(srt) // 2]:.1%}, max {srt[-1]:.1%}"),
+                  line("  the probe's cells predicted by the reference's fit", result["probe_fitted"])]
+    Path(out + ".json").write_text(json.dumps(result, indent=1) + "\n")
+    Path(out + ".txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines) + f"\nwrote {out}.json, {out}.txt")
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calibration", default="bench/results/cpu_calibration.json")
@@ -133,7 +244,14 @@ def main() -> None:
     ap.add_argument("--grpo", default="bench/results/grpo", help="GRPO runs' metrics.jsonl directory ('' to skip)")
     ap.add_argument("--grpo-max-tokens", type=int, default=64, help="their --max-tokens (bench/grpo_runs.sh)")
     ap.add_argument("--out", default="bench/results/simulator_validation.json")
+    ap.add_argument("--gpu-reference", help="validate GPU steps against this reference/probe file instead")
+    ap.add_argument("--held-out", default="", help="--gpu-reference: probe files predicted by its fit, comma-separated")
+    ap.add_argument("--probe", help="--gpu-reference: a probe run of the same grid, compared cell by cell")
+    ap.add_argument("--gpu-out", default="bench/results/gpu_validation_h200", help="--gpu-reference: .json and .txt")
     args = ap.parse_args()
+    if args.gpu_reference:
+        gpu_validation(args.gpu_reference, [x for x in args.held_out.split(",") if x], args.probe, args.gpu_out)
+        return
     cal = json.loads(Path(args.calibration).read_text())
     hw = hardware.cpu_from_calibration(args.calibration)
     target = pm.from_config(cal["model_config"], name="SmolLM2-135M-Instruct")
