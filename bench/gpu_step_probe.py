@@ -1,10 +1,11 @@
 """Decode-step times of an ideal engine on whatever GPU this runs on: the reference file the performance model is
-fitted to (`rollout-service simulate --hardware-from FILE`). Needs PyTorch with CUDA only (no vLLM); ~1-2 min on
-one GPU by default, never more than --budget-s of measuring (what is left is skipped and said so in the file).
+fitted to (`rollout-service simulate --hardware-from FILE`). Needs PyTorch with CUDA only (no vLLM); 25 s of
+measuring on an H200 (about a minute with start-up), never more than --budget-s (what is left is skipped and
+counted in the file's `probe.skipped_cells`).
 
     python bench/gpu_step_probe.py [--out bench/results/gpu_step_probe_<gpu>.json] [--budget-s 150]
         [--target-config CONFIG.json] [--batches 1,2,4,...] [--widths 1,2,3,4,5] [--contexts 512,2048]
-        [--max-kv-tokens 140000] [--no-drafters] [--no-env]
+        [--max-kv-tokens 140000] [--no-drafters] [--no-env] [--gqa fold|native|expand]
     python bench/gpu_step_probe.py --dry-run     # tiny shapes on the CPU, eager: checks the code and the file form
 
 Written from the method of ../shared/reference/README.md (h200-steps.json), and writes the same JSON form:
@@ -13,7 +14,9 @@ Written from the method of ../shared/reference/README.md (h200-steps.json), and 
 - `cells`: one decoding step of a Qwen3-8B-shaped model (or --target-config's dense shape), random bf16 weights,
   for `batch` sequences, `width` new tokens each (k + 1 for a verify of k drafts) over `context` cached tokens
   each. Per layer: RMSNorm (plain torch ops), one fused QKV matmul, the new K/V written into a preallocated cache,
-  attention by scaled_dot_product_attention over the whole cache (no mask), output projection, a fused gate/up
+  attention by scaled_dot_product_attention over the whole cache (no mask; the query heads sharing a KV head folded
+  into query rows of it, --gqa fold: this reproduces the reference within 1.5% at the median, where SDPA's own
+  enable_gqa ran steps wider than one token 1.4-1.7x slower on torch 2.11), output projection, a fused gate/up
   matmul, SiLU, down projection; then the final norm and the LM head over every new token. Left out: RoPE and
   q/k norms, the embedding lookup, scheduling. Cells whose KV cache exceeds --max-kv-tokens are skipped (the
   reference stops at 131,072 cached tokens: batch 256 at context 512, 64 at 2048).
