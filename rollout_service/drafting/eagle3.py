@@ -9,6 +9,9 @@ Later draft steps feed the head its own pre-norm output. Training unrolls those 
 them (training-time test): the step-s query at anchor t attends to step-1 keys up to t and to its own
 chain's keys of steps 2..s, at positions t+1..t+s.
 Embeddings are the target's (not saved: vLLM shares the target's embed_tokens with the head).
+The training step (`features` from one forward pass of the target, `head_loss`, `train_step`) is the one both
+`rollout-service prepare-drafter --kind eagle3` (offline, below) and the GRPO trainer's online adaptation
+(trainer_example/drafter.py, on the features of its own training forward pass) take.
 """
 from __future__ import annotations
 
@@ -179,6 +182,30 @@ def save_head(head, target_dir: str, out: Path, aux_layers: list[int], meta: dic
     return out
 
 
+def features(hidden_states, logits, input_ids, lengths, firsts, aux_layers: list[int], *,
+             temperature: float = 1.0) -> list[tuple]:
+    """Training features from one forward pass of the target over right-padded rows (the offline pass below and
+    the trainer's own training forward share it). hidden_states: the model's `output_hidden_states` tuple, each
+    (B, L, H), entry i the input of layer i; logits (B, L, V); input_ids (B, L); lengths[b] the row's tokens;
+    firsts[b] its first anchor (the last prompt position). The target's distribution at `temperature` (the
+    sampler's: drafts are drawn and verified at it). Per row: (aux (L, A*H) float32, tokens (L,), top-k ids (L, K),
+    top-k probs (L, K), first), the top-k filled from the first anchor on (earlier positions are never scored)."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for b, (L, first) in enumerate(zip(lengths, firsts)):
+            L, first = int(L), int(first)
+            aux = torch.cat([hidden_states[i][b, :L] for i in aux_layers], dim=-1).detach().float().clone()
+            probs = torch.softmax(logits[b, first:L].detach().float() / temperature, dim=-1)
+            part_p, part_i = probs.topk(TOPK, dim=-1)
+            top_i = torch.zeros(L, TOPK, dtype=torch.long)
+            top_p = torch.zeros(L, TOPK)
+            top_i[first:], top_p[first:] = part_i, part_p
+            out.append((aux, input_ids[b, :L].detach().clone(), top_i, top_p, first))
+    return out
+
+
 def target_features(target, data, aux_layers: list[int], *, batch: int = 4, progress: bool = True):
     """One no-grad pass of the target over (prompt, generated) samples. Per sample: (aux (L, A*H) float32,
     tokens (L,), top-k ids (L, K), top-k probs (L, K), first anchor = len(prompt) - 1)."""
@@ -192,10 +219,7 @@ def target_features(target, data, aux_layers: list[int], *, batch: int = 4, prog
             ids = torch.tensor([list(p) + list(g)])
             with torch.no_grad():
                 out = target(input_ids=ids, output_hidden_states=True)
-            aux = torch.cat([out.hidden_states[i][0] for i in aux_layers], dim=-1).float()
-            probs = torch.softmax(out.logits[0].float(), dim=-1)
-            top_p, top_i = probs.topk(TOPK, dim=-1)
-            feats.append((aux, ids[0], top_i, top_p, len(p) - 1))
+            feats += features(out.hidden_states, out.logits, ids, [ids.shape[1]], [len(p) - 1], aux_layers)
             bar.update()
     bar.close()
     return feats
@@ -241,14 +265,59 @@ def _batch(feats, rows, steps, to_draft):
     return aux, nxt, tgt_i, tgt_p
 
 
-def train_head(head, feats, *, steps: int, epochs: int, lr: float, batch: int, progress: bool = True):
-    """Cross-entropy of every unrolled draft step against the target's top-k distribution (renormalised
-    over the draft vocabulary): forward KL up to a constant. Returns per-batch losses (mean over steps)."""
+def draft_index(head):
+    """Target id -> draft id (-1: outside the draft vocabulary), (V,)."""
     import torch
-    from tqdm import tqdm
 
     to_draft = torch.full((int(head.embed.shape[0]),), -1, dtype=torch.long)
     to_draft[head.draft_ids] = torch.arange(len(head.draft_ids))
+    return to_draft
+
+
+def head_loss(head, batch, steps: int, temperature: float = 1.0):
+    """Cross-entropy of every unrolled draft step (the head's logits at `temperature`) against the target's top-k
+    distribution renormalised over the draft vocabulary: forward KL up to a constant, mean over steps. `batch` is
+    `_batch`'s (aux, next ids, target ids, target probs)."""
+    import torch
+
+    aux, nxt, tgt_i, tgt_p = batch
+    loss = 0.0
+    for s, logits in enumerate(head.unroll(aux, nxt, steps)):
+        logq = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tgt_i[s])
+        w = tgt_p[s]
+        norm = w.sum(-1, keepdim=True).clamp(min=1e-8)
+        valid = (w.sum(-1) > 0).float()
+        loss = loss + (-(w / norm * logq).sum(-1) * valid).sum() / valid.sum().clamp(min=1)
+    return loss / steps
+
+
+def train_step(head, opt, feats, rows, *, steps: int, to_draft, temperature: float = 1.0,
+               max_grad_norm: float = 1.0) -> float:
+    """One optimiser step of the head on `rows` of `feats` (the one step both the offline training and the
+    trainer's online adaptation take). Returns the batch's loss."""
+    import torch
+
+    loss = head_loss(head, _batch(feats, rows, steps, to_draft), steps, temperature)
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for p in head.parameters() if p.requires_grad], max_grad_norm)
+    opt.step()
+    return float(loss.detach())
+
+
+def pushable_tensors(head) -> dict:
+    """What an `UpdateDraft` of a served head sends (partial): its float tensors, named and shaped as in its
+    model.safetensors; the draft vocabulary mapping `d2t` stays the one the service loaded."""
+    return {k: v.clone() for k, v in head.vllm_state_dict().items() if k != "d2t"}
+
+
+def train_head(head, feats, *, steps: int, epochs: int, lr: float, batch: int, progress: bool = True):
+    """`epochs` passes of `train_step` over `feats` in random batches, AdamW with a one-cycle schedule.
+    Returns per-batch losses (mean over steps)."""
+    import torch
+    from tqdm import tqdm
+
+    to_draft = draft_index(head)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     n_batches = epochs * ((len(feats) + batch - 1) // batch)
@@ -258,42 +327,28 @@ def train_head(head, feats, *, steps: int, epochs: int, lr: float, batch: int, p
     for _ in range(epochs):
         order = torch.randperm(len(feats)).tolist()
         for b in range(0, len(order), batch):
-            aux, nxt, tgt_i, tgt_p = _batch(feats, order[b:b + batch], steps, to_draft)
-            outs = head.unroll(aux, nxt, steps)
-            loss = 0.0
-            for s, logits in enumerate(outs):
-                logq = torch.log_softmax(logits, dim=-1).gather(-1, tgt_i[s])
-                w = tgt_p[s]
-                norm = w.sum(-1, keepdim=True).clamp(min=1e-8)
-                valid = (w.sum(-1) > 0).float()
-                loss = loss + (-(w / norm * logq).sum(-1) * valid).sum() / valid.sum().clamp(min=1)
-            loss = loss / steps
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            losses.append(train_step(head, opt, feats, order[b:b + batch], steps=steps, to_draft=to_draft))
             sched.step()
-            losses.append(float(loss.detach()))
             bar.set_postfix(ce=f"{losses[-1]:.3f}")
             bar.update()
     bar.close()
     return losses
 
 
-def step_accuracy(head, feats, steps: int) -> list[float]:
+def step_accuracy(head, feats, steps: int, temperature: float = 1.0) -> list[float]:
     """Per draft step: the expected probabilistic-drafting acceptance sum_x min(p, q) (p the target's
-    top-k renormalised on the draft vocabulary) on `feats`: a held-out estimate of what vLLM will see."""
+    top-k renormalised on the draft vocabulary, q the head's, both at `temperature`) on `feats`: a held-out
+    estimate of what vLLM will see."""
     import torch
 
-    to_draft = torch.full((int(head.embed.shape[0]),), -1, dtype=torch.long)
-    to_draft[head.draft_ids] = torch.arange(len(head.draft_ids))
+    to_draft = draft_index(head)
     tot = [0.0] * steps
     cnt = [0.0] * steps
     with torch.no_grad():
         for b in range(0, len(feats), 8):
             aux, nxt, tgt_i, tgt_p = _batch(feats, list(range(b, min(b + 8, len(feats)))), steps, to_draft)
             for s, logits in enumerate(head.unroll(aux, nxt, steps)):
-                q = torch.softmax(logits, dim=-1).gather(-1, tgt_i[s])
+                q = torch.softmax(logits / temperature, dim=-1).gather(-1, tgt_i[s])
                 w = tgt_p[s]
                 valid = w.sum(-1) > 0
                 tot[s] += float(torch.minimum(w, q).sum(-1)[valid].sum())
