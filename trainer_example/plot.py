@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-PHASES = ["generate_s", "recompute_s", "train_s", "push_s"]
+PHASES = ["generate_s", "recompute_s", "train_s", "adapt_s", "push_s"]
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -53,7 +53,7 @@ def plot_runs(paths: list[str], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(runs)), 4))
     bottoms = [0.0] * len(runs)
     for phase in PHASES:
-        vals = [_mean([r[phase] for r in rows[1:] or rows]) for rows in runs.values()]
+        vals = [_mean([r.get(phase, 0.0) for r in rows[1:] or rows]) for rows in runs.values()]
         ax.bar(list(runs), vals, bottom=bottoms, label=phase.removesuffix("_s"))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     ax.set(ylabel="seconds per step (mean, first step excluded)", title="step time by phase")

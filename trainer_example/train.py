@@ -9,8 +9,10 @@ One step, top to bottom:
   2. recompute  the trainer's own log-probs of the sampled tokens (pi_old) for the minibatches after the first
                 (the first trains before any update, so its own forward pass is pi_old)
   3. train      clipped GRPO loss with truncated importance weights (grpo.py); the same forward pass's
-                logits teach the drafter (drafter.py); KL to the start policy on --kl-samples sequences
-  4. push       the new policy weights every step (PushWeights), the drafter every --draft-every steps
+                logits teach a draft model (drafter.py); KL to the start policy on --kl-samples sequences
+  4. adapt      an EAGLE-3 head learns from pi_old's hidden states and logits of steps 2-3's forward passes
+                (drafter.py; sync: now, async: in the background while the next batch generates)
+  5. push       the new policy weights every step (PushWeights), the drafter every --draft-every steps
                 (UpdateDraft); then evaluate on held-out problems every --eval-every steps
 The trainer talks to the service only through `rollout_client` (its RPCs, and its launcher for the
 `rollout-service` commands: serve, prepare-model, prepare-drafter).
@@ -64,16 +66,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--speculation", choices=["eagle3", "draft_model", "ngram", "suffix", "none"],
                     default="eagle3",
                     help="when this command starts the service (k chosen per step by the service's controller): "
-                         "eagle3, an EAGLE-3 head (the fastest drafter here; not adapted online); draft_model, a "
-                         "small model adapted online toward the policy (--adapt-drafter); ngram and suffix need no "
-                         "drafter (suffix drafts from the group's and earlier steps' own samples)")
+                         "eagle3, an EAGLE-3 head (the fastest drafter here; adapted online with --adapt-drafter); "
+                         "draft_model, a small model adapted online toward the policy (unless --no-adapt-drafter); "
+                         "ngram and suffix need no drafter (suffix drafts from the group's and earlier steps' own "
+                         "samples)")
     ap.add_argument("--drafter", help="drafter directory (default: `rollout-service prepare-drafter --kind "
                                       "eagle3|draft_model`, cached; draft_model with --model: the policy's first 2 "
                                       "layers)")
-    ap.add_argument("--adapt-drafter", action=argparse.BooleanOptionalAction, default=True,
-                    help="draft_model: train the drafter online toward the policy and push it with UpdateDraft")
+    ap.add_argument("--adapt-drafter", action=argparse.BooleanOptionalAction, default=None,
+                    help="train the drafter online toward the policy and push it with UpdateDraft every "
+                         "--draft-every steps (default: on for draft_model; off for eagle3, whose head is trained "
+                         "on the step's samples from the policy's own hidden states; with --target, eagle3 needs "
+                         "--drafter, the head the service loaded)")
     ap.add_argument("--draft-every", type=int, default=2, help="steps between drafter pushes")
-    ap.add_argument("--drafter-lr", type=float, default=1e-4)
+    ap.add_argument("--drafter-lr", type=float, default=None,
+                    help="the drafter's learning rate (default 1e-4 for draft_model, 3e-4 for an EAGLE-3 head)")
+    ap.add_argument("--head-batch", type=int, default=8, help="eagle3: samples per optimiser step of the head")
+    ap.add_argument("--head-epochs", type=int, default=1, help="eagle3: passes over each step's samples")
     ap.add_argument("--weight-sync", choices=["transfer", "push"], default="transfer",
                     help="how each step's policy reaches the engines: `transfer` over the service's weight-transfer "
                          "group (rollout_client.transfer.WeightSync; gloo here), `push` as a PushWeights stream")
@@ -85,19 +94,42 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class Trainer:
-    """The policy being trained, its frozen start copy (for KL), the optimiser, and the online drafter."""
+    """The policy being trained, its frozen start copy (for KL), the optimiser, and the online drafter: a draft
+    model (`drafter`) or an EAGLE-3 head (`head`), by `drafter_kind`, the service's speculation method."""
 
-    def __init__(self, policy_dir: str, args, drafter_dir: str | None):
+    def __init__(self, policy_dir: str, args, drafter_dir: str | None, drafter_kind: str = "draft_model",
+                 draft_steps: int = 3):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from trainer_example.drafter import OnlineDrafter
+        from trainer_example.drafter import OnlineDrafter, OnlineEagle3Head
 
         self.args = args
         self.tok = AutoTokenizer.from_pretrained(policy_dir)
         self.policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         self.start = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0)
-        self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr) if drafter_dir and args.adapt_drafter else None
+        adapt = args.adapt_drafter if args.adapt_drafter is not None else drafter_kind == "draft_model"
+        self.drafter = self.head = None
+        if drafter_dir and adapt and drafter_kind == "draft_model":
+            self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr or 1e-4)
+        elif drafter_dir and adapt and drafter_kind == "eagle3":
+            self.head = OnlineEagle3Head(drafter_dir, self.policy, lr=args.drafter_lr or 3e-4, steps=draft_steps,
+                                         temperature=args.temperature, batch=args.head_batch,
+                                         epochs=args.head_epochs, background=args.mode == "async", seed=args.seed)
+
+    def collect_s(self) -> float:
+        """Seconds the adapting EAGLE-3 head has spent copying this step's features so far."""
+        return self.head.collect_s if self.head is not None else 0.0
+
+    def forward(self, mb: Packed) -> torch.Tensor:
+        """The policy's logits (B, L, V) on a micro-batch of pi_old's rows; an adapting EAGLE-3 head keeps the
+        hidden states of its feature layers and the logits from the same pass (call it only while the policy is
+        pi_old: the recompute, and the first minibatch's training pass)."""
+        out = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                          output_hidden_states=self.head is not None)
+        if self.head is not None:
+            self.head.collect(out.hidden_states, out.logits, mb.input_ids, mb.attention_mask, mb.gen_mask)
+        return out.logits
 
     def encode(self, problems) -> list[list[int]]:
         return [chat_token_ids(self.tok, user_turn(p.prompt)) for p in problems]
@@ -120,7 +152,7 @@ class Trainer:
         self.policy.eval()
         for r, width in micro_batches(sub, self.args.micro_batch):
             mb = sub.slice(r, width)
-            logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+            logits = self.forward(mb)[:, :-1]
             old[rows[r], :width - 1] = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
         return old
 
@@ -136,7 +168,10 @@ class Trainer:
             part_old = old[part]
             for rows, width in micro_batches(mbatch, self.args.micro_batch):
                 mb = mbatch.slice(rows, width)
-                logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+                if i == 0:              # pi_old: an adapting head learns from this pass too
+                    logits = self.forward(mb)[:, :-1]
+                else:
+                    logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
                 logp = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
                 mb_old = part_old[rows, :width - 1]
                 own = torch.isnan(mb_old)
@@ -198,12 +233,15 @@ def speculation_summary(rollouts, before, after) -> dict:
 
 
 def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> list[dict]:
+    """drafter_dir: the drafter the service loaded (a draft model or an EAGLE-3 head, by the service's
+    speculation method), to adapt online; None: none to adapt."""
     from tqdm import tqdm
 
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    trainer = Trainer(policy_dir, args, drafter_dir)
     status = client.status()
+    trainer = Trainer(policy_dir, args, drafter_dir, status.speculation_method,
+                      draft_steps=status.num_speculative_tokens or 3)
     version, draft_version = status.policy_version, status.draft_version
     gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature)
     cursor = [0]
@@ -256,21 +294,30 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                 packed = pack(rollouts)
                 # 2. recompute pi_old for the minibatches that train after the first optimiser step
                 parts = trainer.minibatches(len(rollouts))
+                c1 = trainer.collect_s()
                 old = trainer.recompute(packed, parts)
-                t2 = time.perf_counter()
-                recompute_s = t2 - t1
+                t2, c2 = time.perf_counter(), trainer.collect_s()
+                recompute_s = t2 - t1 - (c2 - c1)       # the head's feature copies count as adaptation (step 4)
                 # 3. train
                 row.update(trainer.train(packed, parts, old))
-                train_s = time.perf_counter() - t2
-            # 4. push
-            t3 = time.perf_counter()
+                train_s = time.perf_counter() - t2 - (trainer.collect_s() - c2)
+            # 4. adapt the EAGLE-3 head (sync: now; async: hand over to its thread, take the last job's head)
+            head_weights, row["adapt_s"] = None, 0.0
+            if trainer.head is not None:
+                adapted = trainer.head.adapt()
+                head_weights = adapted.pop("weights")
+                row.update(adapted)
+            t_push = time.perf_counter()
+            # 5. push
             version += 1
             push = sync.push if sync is not None else client.push_weights
             pushed = push(trainer.policy, version, mode="keep" if prefetch else "wait")
-            if trainer.drafter is not None and (step + 1) % args.draft_every == 0:
+            t_draft = time.perf_counter()
+            drafter_weights = trainer.drafter.weights() if trainer.drafter is not None else head_weights
+            if drafter_weights is not None and (step + 1) % args.draft_every == 0:
                 draft_version += 1
-                client.update_draft(trainer.drafter.weights(), draft_version, partial=True,
-                                    mode="keep" if prefetch else "wait")
+                client.update_draft(drafter_weights, draft_version, partial=True, mode="keep" if prefetch else "wait")
+                row["draft_pushed"] = draft_version
             t4 = time.perf_counter()
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
                 eval_acc, eval_format, eval_hits = evaluate(client, trainer, args.eval_size, args.max_tokens,
@@ -279,7 +326,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             if step == 0:
                 row["eval_before_correct"] = eval_before_hits
             row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
-                       train_s=train_s, push_s=t4 - t3, push_pause_s=pushed.pause_s, push_path=args.weight_sync,
+                       train_s=train_s, push_s=t4 - t_push, draft_push_s=t4 - t_draft, push_pause_s=pushed.pause_s,
+                       push_path=args.weight_sync,
                        step_s=t4 - t0,
                        draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)
             rows.append(row)
@@ -295,7 +343,10 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             prefetch.stop()
         if sync is not None:
             sync.close()
+        if trainer.head is not None:
+            trainer.head.close()
     return rows
+
 
 
 def _fmt(x) -> str:
@@ -305,7 +356,8 @@ def _fmt(x) -> str:
 def step_line(r: dict) -> str:
     return (f"step {r['step']:3d} v{r['policy_version']}->v{r['policy_version'] + 1}: "
             f"generate {r['generate_s']:5.1f}s  recompute {r['recompute_s']:5.1f}s  train {r['train_s']:5.1f}s  "
-            f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
+            + (f"adapt {r['adapt_s']:4.1f}s  " if r.get("head_collect_s") is not None else "")
+            + f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
             f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}"
             + (f" of {r['drafted']} drafted" if r.get("drafted") is not None else "")
             + (f" (engine, per position {' '.join(f'{a:.2f}' for a in r['draft_acceptance'])})"
@@ -313,7 +365,20 @@ def step_line(r: dict) -> str:
             + (f"  k chosen: mean {r['k_mean']:.2f}, steps by k {'/'.join(map(str, r['k_steps']))}"
                if r.get("k_mean") is not None else "")
             + f"  drafter v{r['draft_version']}"
+            + (f" (pushed in {r['draft_push_s']:.1f}s)" if r.get("draft_pushed") is not None else "")
+            + _head_text(r)
             + (f"  held-out accuracy {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else ""))
+
+
+def _head_text(r: dict) -> str:
+    """The EAGLE-3 head's online adaptation this step: the job that finished (its time, samples, loss, and its
+    expected acceptance per draft step on those fresh samples before training on them)."""
+    if r.get("head_train_s") is None:
+        return ""
+    where = "in the background, " if r["mode"] == "async" else ""
+    return (f"  head trained {where}{r['head_train_s']:.1f}s on {r['head_samples']} samples (loss "
+            f"{r['head_loss_first']:.2f} -> {r['head_loss_last']:.2f}, expected acceptance before "
+            f"{' '.join(f'{a:.2f}' for a in r['head_expected_acceptance'])})")
 
 
 def choose_drafter(args, policy_dir: str, out: Path) -> str | None:
@@ -345,7 +410,11 @@ def main(argv=None) -> int:
     policy_dir = args.model or run_command("prepare-model")
     if args.target:
         with RolloutClient(args.target) as client:
-            drafter = args.drafter if client.status().speculation_method == "draft_model" else None
+            method = client.status().speculation_method
+            drafter = args.drafter if method in ("draft_model", "eagle3") else None
+            if method == "eagle3" and args.adapt_drafter and not drafter:
+                print("--adapt-drafter against a service with an EAGLE-3 head needs --drafter (the head it loaded): "
+                      "the head is not adapted")
             rows = run(client, args, policy_dir, drafter, out)
     else:
         drafter = choose_drafter(args, policy_dir, out)
@@ -355,7 +424,7 @@ def main(argv=None) -> int:
               f"{', drafter ' + drafter if drafter else ''}); log: {out / 'service.log'}")
         with ServiceProcess(policy_dir, extra_args=extra, log_path=out / "service.log") as svc:
             with RolloutClient(svc.target) as client:
-                rows = run(client, args, policy_dir, drafter if args.speculation == "draft_model" else None, out)
+                rows = run(client, args, policy_dir, drafter, out)
     summary(rows, out)
     return 0
 
@@ -364,11 +433,12 @@ def summary(rows: list[dict], out: Path) -> None:
     if not rows:
         return
     later = rows[1:] or rows
-    mean = {k: sum(r[k] for r in later) / len(later) for k in ("generate_s", "recompute_s", "train_s", "push_s",
-                                                                 "step_s")}
+    mean = {k: sum(r.get(k, 0.0) for r in later) / len(later)
+            for k in ("generate_s", "recompute_s", "train_s", "adapt_s", "push_s", "step_s")}
     acc = [r for r in rows if r.get("acceptance_rate") is not None]
     print(f"\n{len(rows)} steps; mean step {mean['step_s']:.1f} s = generate {mean['generate_s']:.1f} + recompute "
-          f"{mean['recompute_s']:.1f} + train {mean['train_s']:.1f} + push {mean['push_s']:.1f}"
+          f"{mean['recompute_s']:.1f} + train {mean['train_s']:.1f} + adapt {mean['adapt_s']:.1f} "
+          f"+ push {mean['push_s']:.1f}"
           + (" (first step excluded)" if len(rows) > 1 else ""))
     if acc:
         print("acceptance per step: " + ", ".join(f"{r['acceptance_rate']:.2f} (drafter v{r['draft_versions'][-1]})"
