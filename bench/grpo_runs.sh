@@ -24,6 +24,18 @@
 #                                             runs/drafter-cut), fixed k = 3 so every step measures acceptance,
 #                                             the drafter pushed every 2 steps; then `report 20 adapt-frozen
 #                                             adapt-online` with OUT=bench/results/grpo-adapt
+#   bash bench/grpo_runs.sh adapt-eagle3 [STEPS] [LR]
+#                                             the cached EAGLE-3 head adapted online (the trainer trains it on each
+#                                             step's samples from the policy's own hidden states, pushes it every
+#                                             DRAFT_EVERY=2 steps) against the same head frozen: same seed, same
+#                                             service settings (k chosen per step, k <= 3; K_CONTROL=fixed drafts
+#                                             k = 3 every step), default 30 steps at lr 2e-5 (the policy moves: KL
+#                                             to the start is reported), 4 x 8 samples, MODE=sync (or async: the
+#                                             head trains in the background); ARMS="frozen online" sets the order,
+#                                             TAG a suffix for repeated passes; then per step acceptance (and per
+#                                             position), mean k, generation and adaptation time, the goals checked
+#                                             and plots: bench/eagle3_adapt.py into OUT=bench/results/grpo-eagle3-adapt
+#                                             (~1 min per step on 2 cores; `adapt-eagle3 2` is the smoke test)
 #   bash bench/grpo_runs.sh report [STEPS] [RUN...]
 #                                             plots and the side-by-side table into bench/results/grpo/ (the
 #                                             runs named, default the `compare` runs; the first is the baseline;
@@ -83,6 +95,23 @@ case "$what" in
     serve="--speculation draft_model --draft-model $cut --k-control fixed --num-speculative-tokens 3"
     against_service adapt-frozen "$serve" --mode sync "${long[@]}" --drafter "$cut" --no-adapt-drafter
     against_service adapt-online "$serve" --mode sync "${long[@]}" --drafter "$cut" --adapt-drafter ;;
+  adapt-eagle3)
+    steps=${2:-30} lr=${3:-2e-5} tag=${TAG:-}
+    head=$("$py" -c 'from rollout_service.drafting.drafters import default_drafter_dir; print(default_drafter_dir("eagle3"))')
+    [[ -s $head/config.json ]] || { echo "no EAGLE-3 head at $head: run rollout-service prepare-drafter --kind eagle3"; exit 1; }
+    long=(--steps "$steps" --lr "$lr" --prompts 4 --eval-size 16 --eval-every 1000 --mode "${MODE:-sync}"
+          --seed "${SEED:-0}" --drafter "$head")
+    serve="--speculation eagle3 --draft-model $head --num-speculative-tokens 3 --k-control ${K_CONTROL:-auto}"
+    for arm in ${ARMS:-frozen online}; do
+      case $arm in
+        frozen) against_service "eagle3-frozen$tag" "$serve" "${long[@]}" --no-adapt-drafter ;;
+        online) against_service "eagle3-online$tag" "$serve" "${long[@]}" --adapt-drafter \
+                    --draft-every "${DRAFT_EVERY:-2}" ;;
+        *) echo "unknown arm $arm (frozen, online)"; exit 2 ;;
+      esac
+    done
+    "$py" -m bench.eagle3_adapt "runs/eagle3-frozen$tag" "runs/eagle3-online$tag" \
+        --out "${OUT:-bench/results/grpo-eagle3-adapt}" --last "$(( steps > 10 ? 10 : steps ))" ;;
   report)
     out=${OUT:-bench/results/grpo}
     mkdir -p "$out"
@@ -94,5 +123,5 @@ case "$what" in
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
-  *) sed -n 2,30p "$0"; exit 2 ;;
+  *) sed -n 2,42p "$0"; exit 2 ;;
 esac

@@ -218,13 +218,24 @@ def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int)
             "".join("1" if h else "0" for h in hits))
 
 
-def speculation_summary(rollouts, before, after) -> dict:
-    """Acceptance of this step's samples (accepted / drafted) and the k the service chose for the steps its engines
-    ran meanwhile (GetStatus k_control before and after generating: a histogram of k by engine step)."""
+def speculation_summary(rollouts, before, after, stats=()) -> dict:
+    """Acceptance of this step's samples (accepted / drafted), per draft position (`position_acceptance`: GetStatus's
+    stats of the (policy, drafter) versions that generated them, weighted by drafts where several did; the service
+    keeps them per version pair, so with a new policy every step this is the step's own), and the k the service
+    chose for the steps its engines ran meanwhile (GetStatus k_control before and after generating: a histogram of
+    k by engine step; `draft_acceptance` the controller's running estimate of the drafter's acceptance)."""
     drafted = sum(r.num_drafted for r in rollouts)
     accepted = sum(r.num_accepted for r in rollouts)
+    versions = {r.oldest_version for r in rollouts}
+    drafters = {r.draft_version for r in rollouts}
+    rows = [s for s in stats if s.policy_version in versions and s.draft_version in drafters and s.num_drafted > 0
+            and len(s.per_position_acceptance)]
+    width = max((len(s.per_position_acceptance) for s in rows), default=0)
+    weight = sum(s.num_drafted for s in rows)
     out = {"acceptance_rate": accepted / drafted if drafted else None, "drafted": drafted,
-           "draft_versions": sorted({r.draft_version for r in rollouts}),
+           "draft_versions": sorted(drafters),
+           "position_acceptance": [sum(s.num_drafted * s.per_position_acceptance[i] for s in rows
+                                       if len(s.per_position_acceptance) > i) / weight for i in range(width)],
            "draft_acceptance": list(after.acceptance), "k_mode": after.mode, "k_steps": [], "k_mean": None}
     steps = [a - (before.steps_by_k[k] if k < len(before.steps_by_k) else 0) for k, a in enumerate(after.steps_by_k)]
     if sum(steps) > 0:
@@ -288,7 +299,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                    "reward_mean": float(rewards.mean()),
                    "train_accuracy": sum(r.correct for r in batch.rollouts) / len(batch.rollouts),
                    "format_rate": sum(r.answer_line for r in batch.rollouts) / len(batch.rollouts),
-                   **speculation_summary(rollouts, k_before, client.status().k_control)}
+                   **speculation_summary(rollouts, k_before, (after := client.status()).k_control,
+                                         after.speculation)}
             recompute_s = train_s = 0.0
             if rollouts:
                 packed = pack(rollouts)
@@ -360,8 +372,8 @@ def step_line(r: dict) -> str:
             + f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
             f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}"
             + (f" of {r['drafted']} drafted" if r.get("drafted") is not None else "")
-            + (f" (engine, per position {' '.join(f'{a:.2f}' for a in r['draft_acceptance'])})"
-               if r.get('draft_acceptance') else "")
+            + (f" (per position {' '.join(f'{a:.2f}' for a in r['position_acceptance'])})"
+               if r.get("position_acceptance") else "")
             + (f"  k chosen: mean {r['k_mean']:.2f}, steps by k {'/'.join(map(str, r['k_steps']))}"
                if r.get("k_mean") is not None else "")
             + f"  drafter v{r['draft_version']}"

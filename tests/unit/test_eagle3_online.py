@@ -174,3 +174,40 @@ def test_trainer_adapts_the_head_without_changing_the_policys_update(policy_dir,
     metrics = adapting.head.adapt()
     assert metrics["head_samples"] == 8 and set(metrics["weights"]) == set(
         load_file(str(head_dir / "model.safetensors"))) - {"d2t"}
+
+
+def test_the_steps_acceptance_per_position_is_its_versions_own():
+    """GetStatus keeps speculation stats per (policy, drafter) version pair: the step's row(s), weighted by drafts."""
+    from types import SimpleNamespace as NS
+
+    from trainer_example.train import speculation_summary
+
+    rs = rollouts(4)
+    for r in rs:
+        r.oldest_version, r.draft_version, r.num_drafted, r.num_accepted = 3, 1, 10, 5
+    k = NS(acceptance=[0.9, 0.8], mode="auto", steps_by_k=[0, 0, 0])
+    stats = [NS(policy_version=2, draft_version=1, num_drafted=99, per_position_acceptance=[0.1, 0.1]),
+             NS(policy_version=3, draft_version=0, num_drafted=99, per_position_acceptance=[0.2, 0.2]),
+             NS(policy_version=3, draft_version=1, num_drafted=30, per_position_acceptance=[0.6, 0.4]),
+             NS(policy_version=3, draft_version=1, num_drafted=10, per_position_acceptance=[0.2, 0.0])]
+    out = speculation_summary(rs, k, k, stats)
+    assert out["acceptance_rate"] == 0.5 and out["draft_versions"] == [1]
+    assert out["position_acceptance"] == pytest.approx([0.5, 0.3]) and out["draft_acceptance"] == [0.9, 0.8]
+    assert speculation_summary(rs, k, k)["position_acceptance"] == []
+
+
+def test_the_benchmark_report_checks_the_issues_goals():
+    from bench import eagle3_adapt
+
+    def run(acc, gen, adapt):
+        return [{"step": s, "acceptance_rate": acc, "position_acceptance": [acc + 0.1, acc], "k_mean": 1.0,
+                 "generate_s": gen, "generation_wall_s": gen, "step_s": 50.0, "adapt_s": adapt, "draft_push_s": 1.0,
+                 "draft_pushed": s, "kl_to_start": 0.1} for s in range(12)]
+
+    frozen = eagle3_adapt.summarise(run(0.30, 10.0, 0.0), 10)
+    good = eagle3_adapt.summarise(run(0.36, 9.5, 3.0), 10)
+    assert good["steps"] == list(range(2, 12)) and good["acceptance_per_position"] == pytest.approx([0.46, 0.36])
+    assert good["adaptation_fraction"] == pytest.approx(4.0 / 50)
+    assert all(g["met"] for g in eagle3_adapt.goals(frozen, good).values())
+    bad = eagle3_adapt.goals(frozen, eagle3_adapt.summarise(run(0.33, 10.5, 5.0), 10))
+    assert not any(g["met"] for g in bad.values())
