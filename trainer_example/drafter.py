@@ -124,11 +124,11 @@ class OnlineEagle3Head:
         lengths = attention_mask.sum(1).tolist()
         gen = gen_mask.long()
         firsts = gen.argmax(1).tolist()                # the first generated target's position = last prompt's
-        keep = [b for b in range(len(lengths)) if int(gen[b].sum()) >= 2]
-        if keep:
-            self.feats += self.eagle3.features(
-                tuple(h[keep] for h in hidden_states), logits[keep], input_ids[keep], [lengths[b] for b in keep],
-                [firsts[b] for b in keep], self.aux_layers, temperature=self.temperature)
+        for b in range(len(lengths)):
+            if int(gen[b].sum()) >= 2:              # row by row: views of the pass's tensors, no copies of them
+                self.feats += self.eagle3.features(
+                    tuple(h[b:b + 1] for h in hidden_states), logits[b:b + 1], input_ids[b:b + 1], [lengths[b]],
+                    [firsts[b]], self.aux_layers, temperature=self.temperature)
         self.collect_s += time.perf_counter() - t0
 
     def _train(self, feats: list[tuple], embed: torch.Tensor) -> dict:
