@@ -34,7 +34,7 @@ class PositionTest:
 @dataclass
 class LosslessReport:
     method: str
-    samples_per_side: int
+    samples: tuple[int, int]                           # (plain, speculative) samples compared, all prompts
     tests: list[PositionTest]
     alpha: float
     min_p: float
@@ -47,6 +47,7 @@ class LosslessReport:
     notes: list[str] = field(default_factory=list)
     k_steps: list[int] = field(default_factory=list)   # k_control auto: the speculative engine's steps by k drafted
     engine_failed: str = ""                            # the speculative engine crashed: nothing was compared
+    power: "LosslessReport | None" = None              # check_lossless(power_temperature=...): the mismatched side
 
     @property
     def passed(self) -> bool:
@@ -65,7 +66,8 @@ class LosslessReport:
         return "LOSSLESS" if self.passed else "NOT LOSSLESS"
 
     def render(self) -> str:
-        lines = [f"losslessness check: speculation={self.method}, {self.samples_per_side} samples per side",
+        lines = [f"losslessness check: speculation={self.method}, {self.samples[0]} plain and "
+                 f"{self.samples[1]} speculative samples",
                  f"{'prompt':>6} {'pos':>4} {'cats':>5} {'G':>9} {'dof':>4} {'p-value':>9}"]
         for t in self.tests:
             lines.append(f"{t.prompt:>6} {t.position:>4} {t.categories:>5} {t.g:>9.2f} {t.dof:>4} {t.p:>9.4f}")
@@ -79,6 +81,8 @@ class LosslessReport:
             *([f"k chosen per step (auto): engine steps by k {self.k_steps}"] if self.k_steps else []),
             *self.notes,
             *([f"the speculative engine failed while sampling: {self.engine_failed}"] if self.engine_failed else []),
+            *([f"power: the same engine, in the same batches, at another temperature against the plain samples: "
+               f"min p = {self.power.min_p:.3g} -> {self.power.outcome} (it must be rejected)"] if self.power else []),
             f"RESULT: {self.outcome}",
         ]
         return "\n".join(lines)
@@ -108,10 +112,20 @@ def g_test(a: Counter, b: Counter) -> tuple[float, int, int, float]:
     return g, dof, len(table), float(chi2.sf(g, dof))
 
 
-async def _sample(model: str, engine_cfg: EngineConfig, prompts: list[list[int]], n: int, max_tokens: int,
-                  temperature: float, top_k: int, top_p: float, tag: str, env: dict | None = None):
-    """(prompt index, SeqResult) for n unseeded samples of every prompt, from a fresh engine; and the engine's
-    k controller snapshot (None unless k_control is auto)."""
+@dataclass(frozen=True)
+class SampleSet:
+    """n unseeded samples of every prompt under one set of sampling parameters."""
+    prompts: list[list[int]]
+    n: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = 10
+    top_p: float = 1.0
+
+
+async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], tag: str, env: dict | None = None):
+    """For each set, (prompt index, SeqResult) for every sample, all from one fresh engine in the same batches;
+    and the engine's k controller snapshot (None unless k_control is auto)."""
     from rollout_service.engine.vllm_engine import VllmEngine
 
     saved = {k: os.environ.get(k) for k in (env or {})}
@@ -119,11 +133,12 @@ async def _sample(model: str, engine_cfg: EngineConfig, prompts: list[list[int]]
     engine = VllmEngine(tag, model, engine_cfg)
     try:
         await engine.start()
-        seqs = [(p, SeqRequest(seq_id=f"{tag}-{p}-{s}", prompt_token_ids=ids, temperature=temperature, top_k=top_k,
-                               top_p=top_p, max_tokens=max_tokens, ignore_eos=True))
-                for p, ids in enumerate(prompts) for s in range(n)]
-        results = await asyncio.gather(*(engine.generate(q) for _, q in seqs))
-        return [(p, r) for (p, _), r in zip(seqs, results)], await engine.k_control_snapshot()
+        seqs = [(i, p, SeqRequest(seq_id=f"{tag}-{i}-{p}-{s}", prompt_token_ids=ids, temperature=ss.temperature,
+                                  top_k=ss.top_k, top_p=ss.top_p, max_tokens=ss.max_tokens, ignore_eos=True))
+                for i, ss in enumerate(sets) for p, ids in enumerate(ss.prompts) for s in range(ss.n)]
+        results = await asyncio.gather(*(engine.generate(q) for _, _, q in seqs))
+        by_set = [[(p, r) for (j, p, _), r in zip(seqs, results) if j == i] for i in range(len(sets))]
+        return by_set, await engine.k_control_snapshot()
     finally:
         await engine.shutdown()
         for k, v in saved.items():
@@ -142,34 +157,54 @@ DEFAULT_BASE = EngineConfig(max_model_len=512, kv_cache_gb=1, max_num_seqs=64, d
 def sample_plain(model: str, prompts: list[list[int]], *, samples: int = 400, max_tokens: int = 4,
                  temperature: float = 1.0, top_k: int = 10, top_p: float = 1.0, base: EngineConfig | None = None):
     """The reference side: the same engine without speculation (reusable across several checks)."""
+    return sample_plain_sets(model, [SampleSet(prompts, samples, max_tokens, temperature, top_k, top_p)], base)[0]
+
+
+def sample_plain_sets(model: str, sets: list[SampleSet], base: EngineConfig | None = None) -> list[list]:
+    """The reference side of several checks, from one plain engine: each set as sample_plain would give it."""
     import msgspec
 
     cfg = msgspec.structs.replace(base or DEFAULT_BASE, speculation=SpeculationConfig())
-    return asyncio.run(_sample(model, cfg, prompts, samples, max_tokens, temperature, top_k, top_p, "plain"))[0]
+    return asyncio.run(_sample(model, cfg, sets, "plain"))[0]
 
 
 def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]], *, samples: int = 400,
                    max_tokens: int = 4, temperature: float = 1.0, top_k: int = 10, top_p: float = 1.0,
                    alpha: float = 1e-3, logprob_atol: float = 2e-3, base: EngineConfig | None = None,
-                   spec_temperature: float | None = None, spec_env: dict | None = None,
+                   power_temperature: float | None = None, spec_env: dict | None = None,
                    logprob_samples: int = 24, plain=None) -> LosslessReport:
-    """spec_temperature / spec_env deliberately mismatch the speculative side (to show the test's power);
-    `plain` reuses the output of sample_plain with the same arguments."""
+    """`plain` reuses the output of sample_plain with the same arguments. To show the check's power: spec_env
+    changes the speculative engine's environment (a fix switched off); power_temperature has the same speculative
+    engine also sample every prompt at that temperature, in the same batches, and `report.power` compares those
+    samples with the plain ones (it must reject them)."""
     import msgspec
 
     if plain is None:
         plain = sample_plain(model, prompts, samples=samples, max_tokens=max_tokens, temperature=temperature,
                              top_k=top_k, top_p=top_p, base=base)
     spec_cfg = msgspec.structs.replace(base or DEFAULT_BASE, speculation=spec)
+    sets = [SampleSet(prompts, samples, max_tokens, t, top_k, top_p)
+            for t in ((temperature,) if power_temperature is None else (temperature, power_temperature))]
     try:
-        spec_out, k_snapshot = asyncio.run(_sample(model, spec_cfg, prompts, samples, max_tokens,
-                                       spec_temperature if spec_temperature is not None else temperature,
-                                       top_k, top_p, "spec", spec_env))
+        spec_out, k_snapshot = asyncio.run(_sample(model, spec_cfg, sets, "spec", spec_env))
     except Exception as e:  # noqa: BLE001 - a crashing speculative engine fails the check as its own outcome
         return LosslessReport(
-            method=spec.method, samples_per_side=len(plain), tests=[], alpha=alpha, min_p=0.0, acceptance_rate=0.0,
+            method=spec.method, samples=(len(plain), 0), tests=[], alpha=alpha, min_p=0.0, acceptance_rate=0.0,
             mean_acceptance_length=0.0, logprob_max_abs_err=float("inf"), logprob_atol=logprob_atol,
             passed_distribution=False, passed_logprobs=False, engine_failed=f"{type(e).__name__}: {e}")
+    compare = dict(model=model, method=spec.method, prompts=prompts, plain=plain, max_tokens=max_tokens, top_k=top_k,
+                   top_p=top_p, alpha=alpha, logprob_atol=logprob_atol, logprob_samples=logprob_samples)
+    report = _compare(spec_out[0], temperature, **compare)
+    report.k_steps = list(k_snapshot["steps_by_k"]) if k_snapshot else []
+    if power_temperature is not None:
+        report.power = _compare(spec_out[1], power_temperature, **compare)
+    return report
+
+
+def _compare(spec_out, temperature, *, model, method, prompts, plain, max_tokens, top_k, top_p, alpha, logprob_atol,
+             logprob_samples) -> LosslessReport:
+    """G-tests of the speculative samples against the plain ones per prompt and position, and their log-probs
+    against an independent forward pass at `temperature`."""
     tests = []
     for p in range(len(prompts)):
         for pos in range(max_tokens):
@@ -185,13 +220,12 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
     err = _logprob_error(model, prompts, spec_out[:: max(1, len(spec_out) // logprob_samples)], temperature,
                          top_k, top_p)
     return LosslessReport(
-        method=spec.method, samples_per_side=len(plain), tests=tests, alpha=alpha, min_p=min_p,
+        method=method, samples=(len(plain), len(spec_out)), tests=tests, alpha=alpha, min_p=min_p,
         acceptance_rate=accepted / drafted if drafted else 0.0,
         mean_acceptance_length=measured_mean_acceptance_length(accepted, steps),
         logprob_max_abs_err=err, logprob_atol=logprob_atol,
         passed_distribution=min_p >= alpha / len(tests), passed_logprobs=err <= logprob_atol,
         notes=[] if drafted_any else ["note: the drafter proposed nothing; this run did not exercise speculation"],
-        k_steps=list(k_snapshot["steps_by_k"]) if k_snapshot else [],
     )
 
 

@@ -18,6 +18,10 @@ class EngineState(enum.Enum):
 class Engine(abc.ABC):
     """One inference engine. `generate` is cancellation-safe: cancelling it aborts the sequence."""
 
+    # Whether its start may overlap other engines' (pool.start): an engine in a process of its own (a Ray actor)
+    # starts apart from the others; engines started in this process from threads start one at a time.
+    starts_apart = False
+
     def __init__(self, engine_id: str):
         self.id = engine_id
         self.state = EngineState.STARTING

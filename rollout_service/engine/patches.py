@@ -1,9 +1,11 @@
 """Every change this project makes to vLLM, declared once: what it is for, the vLLM versions it was verified on, the
 platforms and model runners it applies to, and how it checks that it took effect. One call installs them in a
-process (`install_all`, from worker_ext in every vLLM worker; the k scheduler is installed by vLLM itself when it
-imports `scheduler_cls` in the engine core); `report(vllm_config)` says, per patch: applied, not needed (the bug is
-absent here), or skipped with the reason (another platform, a vLLM version it was not verified on, a model runner it
-does not reach, switched off by its environment variable). The startup log, GetStatus and /metrics show the report.
+process: `install_all` from worker_ext in every vLLM worker; `vllm_plugin`, vLLM's general plugin (the entry
+point in pyproject.toml), in the engine core before it starts its workers; the k scheduler is installed by vLLM
+itself when it imports `scheduler_cls` in the engine core. `report(vllm_config)` says, per patch: applied, not
+needed (the bug is absent here), or skipped with the reason (another platform, a vLLM version it was not verified
+on, a model runner it does not reach, switched off by its environment variable). The startup log, GetStatus and
+/metrics show the report.
 
 A patch that cannot apply leaves its feature working as vLLM ships it, and `serves_without` says what that costs
 (GetStatus warns with it). tests/unit/test_patches.py fails when the installed vLLM is not a version every patch was
@@ -34,7 +36,7 @@ class Patch:
     runners: tuple[str, ...]          # model runners it reaches: "v1", "v2"
     install: Callable[[], bool] | None   # patches this process: True applied, False not needed (bug absent here)
     disable_env: str = ""             # set to 1: skipped (to measure without it)
-    process: str = "worker"           # "worker": install_all installs it; "engine_core": vLLM imports it there
+    process: str = "worker"           # "worker": install_all; "engine_core": vllm_plugin; "scheduler": vLLM imports it
 
 
 def _cpu_expansion() -> bool:
@@ -55,6 +57,13 @@ def _module_install(module: str) -> Callable[[], bool]:
 
         return importlib.import_module(f"rollout_service.{module}").install()
     return install
+
+
+def _worker_fork() -> bool:
+    # vLLM's default everywhere but on CPU; its own reasons to spawn (CUDA initialised, a Ray actor, NUMA binding)
+    # still apply: get_mp_context checks them whatever this says.
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    return True
 
 
 def _gloo() -> bool:
@@ -109,7 +118,15 @@ PATCHES: tuple[Patch, ...] = (
           "k controller every step and adds EngineCore.rollout_spec_control for its state",
           "k_control = auto",
           "k_control = auto unavailable: use fixed k or k_by_batch_size",
-          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), None, process="engine_core"),
+          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), None, process="scheduler"),
+    Patch("cpu_worker_fork", "engine/patches.py",
+          "vLLM's CPU platform starts every process by spawn (platforms/cpu.py sets VLLM_WORKER_MULTIPROC_METHOD), so "
+          "the worker imports torch and vLLM again after the engine core did: ~6-12 s of every engine start on 2 "
+          "cores. The engine core, freshly spawned, has run no OpenMP region when it starts its worker (the hazard "
+          "spawn avoids), so the worker is forked from it, as vLLM does on GPUs",
+          "engine start and restart time on CPU",
+          "each engine start on CPU imports torch and vLLM once more (~6-12 s on 2 cores)",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _worker_fork, "ROLLOUT_DISABLE_WORKER_FORK", process="engine_core"),
 )
 
 
@@ -125,7 +142,30 @@ def _version() -> str:
     return vllm.__version__
 
 
-_status: dict[str, tuple[str, str]] = {}       # name -> (state, reason): this process's installs
+_status: dict[str, tuple[str, str]] = {}       # name -> (state, reason): this worker's installs
+_core_status: dict[str, tuple[str, str]] = {}  # the engine core's (vllm_plugin); a forked worker inherits them
+
+
+def _gate(p: Patch, platform: str, version: str) -> tuple[str, str] | None:
+    """Why `p` is skipped in this process, or None when it applies."""
+    if p.disable_env and os.environ.get(p.disable_env) == "1":
+        return SKIPPED, f"switched off by {p.disable_env}=1"
+    if platform not in p.platforms:
+        return SKIPPED, f"not for platform {platform} (only {', '.join(p.platforms)})"
+    if version not in p.verified:
+        return SKIPPED, f"not verified on vLLM {version} (verified: {', '.join(p.verified)})"
+    return None
+
+
+def _install(p: Patch, platform: str, version: str) -> tuple[str, str]:
+    gate = _gate(p, platform, version)
+    if gate:
+        return gate
+    try:
+        return (APPLIED, "") if p.install() else (NOT_NEEDED, "the bug is absent here")
+    except Exception as e:
+        log.exception("patch %s failed to install", p.name)
+        return SKIPPED, f"failed to install: {type(e).__name__}: {e}"
 
 
 def install_all() -> dict[str, tuple[str, str]]:
@@ -134,21 +174,32 @@ def install_all() -> dict[str, tuple[str, str]]:
         return dict(_status)
     platform, version = _platform(), _version()
     for p in PATCHES:
-        if p.process != "worker":
-            continue
-        if p.disable_env and os.environ.get(p.disable_env) == "1":
-            _status[p.name] = (SKIPPED, f"switched off by {p.disable_env}=1")
-        elif platform not in p.platforms:
-            _status[p.name] = (SKIPPED, f"not for platform {platform} (only {', '.join(p.platforms)})")
-        elif version not in p.verified:
-            _status[p.name] = (SKIPPED, f"not verified on vLLM {version} (verified: {', '.join(p.verified)})")
-        else:
-            try:
-                _status[p.name] = (APPLIED, "") if p.install() else (NOT_NEEDED, "the bug is absent here")
-            except Exception as e:
-                log.exception("patch %s failed to install", p.name)
-                _status[p.name] = (SKIPPED, f"failed to install: {type(e).__name__}: {e}")
+        if p.process == "worker":
+            _status[p.name] = _install(p, platform, version)
     return dict(_status)
+
+
+def vllm_plugin() -> None:
+    """vLLM's general plugin (entry point `vllm.general_plugins` in pyproject.toml): vLLM calls it once in each of its
+    processes. In the engine core, before the executor starts the workers, it installs the engine-core patches."""
+    import multiprocessing
+
+    if _core_status or not multiprocessing.current_process().name.startswith("EngineCore"):
+        return
+    platform, version = _platform(), _version()
+    for p in PATCHES:
+        if p.process == "engine_core":
+            _core_status[p.name] = _install(p, platform, version)
+
+
+def _engine_core_state(p: Patch) -> tuple[str, str]:
+    """An engine-core patch's state as this worker sees it: inherited when the worker was forked from the engine
+    core; otherwise the reason it did not apply."""
+    if p.name in _core_status:
+        return _core_status[p.name]
+    return _gate(p, _platform(), _version()) or (
+        SKIPPED, "the engine core did not run rollout_service's vLLM plugin (entry point vllm.general_plugins in "
+                 "pyproject.toml: re-run scripts/install.sh)")
 
 
 def report(vllm_config=None) -> list[dict]:
@@ -158,10 +209,11 @@ def report(vllm_config=None) -> list[dict]:
     runner = "v2" if vllm_config is not None and getattr(vllm_config, "use_v2_model_runner", False) else "v1"
     out = []
     scheduler = str(getattr(getattr(vllm_config, "scheduler_config", None), "scheduler_cls", "") or "")
-    engine_core = (APPLIED, "installed by vLLM in the engine core (scheduler_cls)") if "KControlled" in scheduler \
+    by_scheduler = (APPLIED, "installed by vLLM in the engine core (scheduler_cls)") if "KControlled" in scheduler \
         else (NOT_NEEDED, "k_control is not auto")
     for p in PATCHES:
-        state, reason = installed.get(p.name, engine_core)
+        state, reason = installed[p.name] if p.process == "worker" else \
+            _engine_core_state(p) if p.process == "engine_core" else by_scheduler
         if state == APPLIED and runner not in p.runners:
             state, reason = SKIPPED, f"the {runner.upper()} model runner is in use; the patch reaches only " \
                                      f"{', '.join(r.upper() for r in p.runners)}"

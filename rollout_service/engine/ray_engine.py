@@ -162,6 +162,8 @@ def _put_files(paths: list[str]) -> list:
 class RayEngine(Engine):
     """The pool's handle on one EngineActor."""
 
+    starts_apart = True
+
     def __init__(self, engine_id: str, model_path: str, cfg: EngineConfig, *, cpus: float, gpus: int):
         super().__init__(engine_id)
         self.model_path = model_path

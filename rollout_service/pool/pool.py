@@ -53,8 +53,15 @@ class EnginePool:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        for e in self.engines:       # one at a time: engine start is CPU-bound
-            await e.start()
+        """Engines in processes of their own (Ray actors) start together; the others one at a time."""
+        apart = [e for e in self.engines if e.starts_apart]
+        together = asyncio.gather(*(e.start() for e in apart))
+        try:
+            for e in self.engines:
+                if not e.starts_apart:
+                    await e.start()
+        finally:
+            await together
 
     async def shutdown(self) -> None:
         """Fail every unfinished request with UNAVAILABLE, then stop the engines."""

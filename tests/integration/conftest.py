@@ -1,17 +1,14 @@
 """One real service per test session: a tiny random Llama (SmolLM2's tokenizer), real vLLM engine,
 real gRPC over a loopback socket. Engine start costs ~40 s, so every test here shares it."""
 import re
-import time
 from pathlib import Path
 
 import pytest
 from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess
 
+from tests.integration.services import running_service
 from tests.tiny_models import build_tiny_model
-
-SERVICE_ARGS = ["--max-queue", "64", "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32",
-                "--max-num-seqs", "32"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,17 +17,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.integration)
-
-
-def wait_for(pred, timeout: float, what: str):
-    """Poll `pred` until it returns something truthy (returned); fail naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 # No test may hold a server's event loop longer than this (server/loop_watchdog.py measures it; /metrics
@@ -105,17 +91,10 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def service(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "service.log"
     # LoadWeights reads only below --weights-root: this session's temporary folders (tests write there)
-    roots = ["--weights-root", str(tmp_path_factory.getbasetemp())]
-    svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS + roots, log_path=log)
-    try:
-        svc.start()
-    except Exception:
-        print(Path(log).read_text()[-5000:])
-        raise
-    yield svc
-    assert svc.stop() == 0, f"service did not exit cleanly; see {log}"
+    with running_service(tiny_model, tmp_path_factory.mktemp("logs") / "service.log",
+                         "--weights-root", str(tmp_path_factory.getbasetemp())) as svc:
+        yield svc
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollout_service.drafting.reference import processed_logprobs
-from tests.integration.conftest import wait_for
+from tests.integration.services import wait_for
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 EXPERIMENT, TRIAL = "rollout-service", "areal-client"

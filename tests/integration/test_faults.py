@@ -1,11 +1,13 @@
 """Faults survived, on real vLLM over real sockets: an engine process killed mid-stream, a client that
-does not read its stream, SIGTERM during a weight push. The kill and SIGTERM tests run their own service
-(in this order: the last one ends it), with engine.weight_reload = in_place, so real vLLM covers that commit
+does not read its stream, SIGTERM with streams and a weight push in flight. The kill and SIGTERM tests run their own
+service (in this order: the last one ends it), with engine.weight_reload = in_place, so real vLLM covers that commit
 path too (the shared service prepares beside the served weights: test_weights.py)."""
 import os
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,11 +19,10 @@ from transformers import AutoModelForCausalLM
 
 from rollout_client import RolloutClient
 from rollout_client.weights import push_stream
-from rollout_client.launcher import ServiceProcess
 from rollout_service.api import pb
 from tests.tiny_models import perturbed_copy
 from rollout_service.drafting.reference import processed_logprobs
-from tests.integration.conftest import SERVICE_ARGS, wait_for
+from tests.integration.services import running_service, wait_for
 
 PROMPT = [[1, 504, 3458, 314, 260]]
 
@@ -40,10 +41,8 @@ def engine_cores(pid: int) -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def own(tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("faults") / "service.log"
-    svc = ServiceProcess(str(tiny_model), extra_args=SERVICE_ARGS + ["--weight-reload", "in_place"],
-                         log_path=log).start()
-    yield svc, log
-    svc.stop()
+    with running_service(tiny_model, log, "--weight-reload", "in_place", clean_exit=False) as svc:
+        yield svc, log
 
 
 def test_killed_engine_is_restarted_at_the_committed_version(own, tiny_model, tmp_path):
@@ -115,12 +114,15 @@ def test_slow_reader_is_buffered_boundedly_and_loses_nothing(service, client):
     assert (rss[2] - rss[0]) / 2**20 < 32, f"memory grew round over round: {[x // 2**20 for x in rss]} MB"
 
 
-def test_sigterm_during_a_weight_push_exits_cleanly(own, tiny_model):
+def test_sigterm_with_streams_and_a_push_in_flight_exits_cleanly(own, tiny_model):
+    """SIGTERM while generation streams run and a trainer hangs mid-push: the streams end UNAVAILABLE saying the
+    server is shutting down, the push fails, the process exits 0, and neither an engine process nor the staging
+    folder (RAM on /dev/shm) outlives it."""
     svc, _ = own
     weights = load_file(str(tiny_model / "model.safetensors"))
     msgs = list(push_stream(weights, 99, target=pb.TARGET_POLICY, chunk_bytes=1 << 16))
     stall = threading.Event()
-    errors = []
+    push_errors, stream_errors = [], []
 
     def stalled():
         yield from msgs[: len(msgs) // 2]
@@ -133,16 +135,34 @@ def test_sigterm_during_a_weight_push_exits_cleanly(own, tiny_model):
             try:
                 c.stub.PushWeights(stalled(), timeout=180)
             except grpc.RpcError as e:
-                errors.append(e)
+                push_errors.append(e)
+
+    def stream():
+        with RolloutClient(svc.target) as c:
+            try:
+                list(c.generate([[1, 2, 3]] * 2, n=2, max_tokens=450, ignore_eos=True))
+            except grpc.RpcError as e:
+                stream_errors.append(e)
 
     children = psutil.Process(svc.proc.pid).children(recursive=True)
-    t = threading.Thread(target=push, daemon=True)
-    t.start()
+    assert children, "vLLM's engine core should run in a child process"
+    staging = [base / f"rollout-service-{svc.proc.pid}" for base in (Path("/dev/shm"), Path(tempfile.gettempdir()))]
+    assert any(p.is_dir() for p in staging), "the server keeps weight pushes in a staging folder"
+    threads = [threading.Thread(target=push, daemon=True), threading.Thread(target=stream, daemon=True)]
+    for t in threads:
+        t.start()
     assert stall.wait(60)
+    with RolloutClient(svc.target) as c:
+        wait_for(lambda: c.status().queue_depth >= 4, 20, "the stream's 4 samples to be under way")
     time.sleep(0.5)
     svc.proc.send_signal(signal.SIGTERM)
     assert svc.proc.wait(60) == 0
-    t.join(30)
-    assert errors and errors[0].code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), errors
+    for t in threads:
+        t.join(30)
+    assert push_errors and push_errors[0].code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), \
+        push_errors
+    assert len(stream_errors) == 1 and stream_errors[0].code() == grpc.StatusCode.UNAVAILABLE, stream_errors
+    assert "shutting down" in stream_errors[0].details()
     wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
              "engine processes to exit")
+    assert not any(p.exists() for p in staging), "the staging folder (RAM on /dev/shm) outlived the server"

@@ -12,10 +12,9 @@ import pytest
 from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
-from rollout_client.launcher import ServiceProcess
 from tests.ray_cluster import LocalRayCluster
 from tests.tiny_models import perturbed_copy
-from tests.integration.conftest import SERVICE_ARGS, wait_for
+from tests.integration.services import running_service, wait_for
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9], [1, 30, 31, 32], [1, 77, 78]]
 
@@ -29,16 +28,9 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def ray_service(tiny_model, ray_cluster, tmp_path_factory):
     log = tmp_path_factory.mktemp("ray") / "service.log"
-    svc = ServiceProcess(str(tiny_model), log_path=log, startup_timeout=600,
-                         extra_args=SERVICE_ARGS + ["--ray-address", ray_cluster, "--engines", "2",
-                                                    "--ray-cpus-per-engine", "1"])
-    try:
-        svc.start()
-    except Exception:
-        print(log.read_text()[-5000:])
-        raise
-    yield svc, log
-    assert svc.stop() == 0, f"service did not exit cleanly; see {log}"
+    with running_service(tiny_model, log, "--ray-address", ray_cluster, "--engines", "2", "--ray-cpus-per-engine", "1",
+                         startup_timeout=600) as svc:
+        yield svc, log
 
 
 def actor_processes() -> list[psutil.Process]:

@@ -13,8 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
-from rollout_client.launcher import ServiceProcess
-from tests.integration.conftest import SERVICE_ARGS
+from tests.integration.services import running_service
 from tests.pki import make_pki
 
 TOKEN = "client-token-0123456789abcdef"
@@ -29,16 +28,11 @@ def secure(tiny_model, tmp_path_factory):
     (d / "token").write_text(TOKEN + "\n")
     (d / "admin").write_text(ADMIN + "\n")
     log = d / "service.log"
-    svc = ServiceProcess(str(tiny_model), log_path=log, http_token=TOKEN, tls_ca=pki["ca"],
-                         client_cert=(pki["client"], pki["client_key"]),
-                         extra_args=SERVICE_ARGS + ["--token-file", str(d / "token"), "--admin-token-file",
-                                                    str(d / "admin"), "--tls-cert", pki["server"], "--tls-key",
-                                                    pki["server_key"], "--tls-client-ca", pki["ca"],
-                                                    "--max-new-tokens", "256", "--max-streams-per-client", "2",
-                                                    "--max-message-mb", "1"])
-    svc.start()
-    yield svc, pki, log
-    assert svc.stop() == 0
+    with running_service(tiny_model, log, "--token-file", str(d / "token"), "--admin-token-file", str(d / "admin"),
+                         "--tls-cert", pki["server"], "--tls-key", pki["server_key"], "--tls-client-ca", pki["ca"],
+                         "--max-new-tokens", "256", "--max-streams-per-client", "2", "--max-message-mb", "1",
+                         http_token=TOKEN, tls_ca=pki["ca"], client_cert=(pki["client"], pki["client_key"])) as svc:
+        yield svc, pki, log
 
 
 def connect(svc, pki, **kw) -> RolloutClient:

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from rollout_client import RolloutClient
-from rollout_client.launcher import ServiceProcess
 from rollout_service.config import SpeculationConfig
 from tests.tiny_models import perturbed_copy
-from rollout_service.drafting.lossless import check_lossless, sample_plain
-from tests.integration.conftest import SERVICE_ARGS
+from rollout_service.drafting.lossless import SampleSet, check_lossless, sample_plain_sets
+from tests.integration.services import running_service
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9]]
 NGRAM_PROMPTS = [[1] + [501, 502, 503, 504, 505] * 6, [1] + [900, 901, 902] * 8]
@@ -25,8 +24,25 @@ def drafter(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_model):
-    return sample_plain(str(tiny_model), PROMPTS, **ARGS)
+def references(tiny_model):
+    """The plain side of every check here, sampled by one plain engine: PROMPTS under ARGS, and prompts the
+    model-free drafters (n-gram, suffix) match under PLAIN_ARGS."""
+    matched = ngram_prompts(tiny_model, NGRAM_PROMPTS)
+    sets = [SampleSet(prompts, a["samples"], a["max_tokens"], a["temperature"], a["top_k"])
+            for prompts, a in ((PROMPTS, ARGS), (matched, PLAIN_ARGS))]
+    plain, repeats = sample_plain_sets(str(tiny_model), sets)
+    return plain, (matched, repeats)
+
+
+@pytest.fixture(scope="module")
+def plain(references):
+    return references[0]
+
+
+@pytest.fixture(scope="module")
+def repeats(references):
+    """Prompts the model-free drafters match, and their plain samples."""
+    return references[1]
 
 
 def spec(drafter, method="draft_model", k_control="fixed"):
@@ -34,8 +50,15 @@ def spec(drafter, method="draft_model", k_control="fixed"):
     return SpeculationConfig(method=method, model=str(drafter), num_speculative_tokens=3, k_control=k_control)
 
 
-def test_draft_model_speculation_is_lossless(tiny_model, drafter, plain):
-    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain, **ARGS)
+@pytest.fixture(scope="module")
+def draft_model_check(tiny_model, drafter, plain):
+    """The draft-model check at fixed k; the same engine also samples every prompt at temperature 0.6 in the same
+    batches (report.power: the mismatch the check must reject)."""
+    return check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain, power_temperature=0.6, **ARGS)
+
+
+def test_draft_model_speculation_is_lossless(draft_model_check):
+    report = draft_model_check
     print(report.render())
     assert report.passed, report.render()
     assert 0.05 < report.acceptance_rate < 0.99, "the drafter should be neither useless nor perfect"
@@ -58,42 +81,35 @@ def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter, repeats):
     out of range crashes the engine: 'selected index k out of range') the unfixed engine runs and samples wrongly."""
     prompts, plain = repeats
     report = check_lossless(str(tiny_model), spec(drafter), prompts, plain=plain,
-                            spec_env={"ROLLOUT_DISABLE_CPU_SPEC_FIX": "1"}, **PLAIN_ARGS)
+                            spec_env={"ROLLOUT_DISABLE_CPU_SPEC_FIX": "1"}, **PLAIN_ARGS | {"samples": 200})
     print(report.render())
     assert report.completed, report.render()
     assert not report.passed and report.outcome == "NOT LOSSLESS"
 
 
-def test_check_fails_on_a_temperature_mismatch(tiny_model, drafter, plain):
-    report = check_lossless(str(tiny_model), spec(drafter), PROMPTS, plain=plain, spec_temperature=0.6, **ARGS)
-    print(report.render())
-    assert report.completed, report.render()
-    assert not report.passed_distribution
+def test_check_fails_on_a_temperature_mismatch(draft_model_check):
+    """Samples at temperature 0.6 from the engine that passed the check at 1.0, in the same batches: rejected."""
+    power = draft_model_check.power
+    print(power.render())
+    assert power.completed, power.render()
+    assert not power.passed_distribution
 
 
-def test_k_by_batch_size_is_lossless(tiny_model, drafter, plain):
-    """vLLM's dynamic speculative decoding: k changes from step to step with the batch (2 while the check's
-    64 sequences run, 0 and then 3 as they drain). Samples must still follow the plain distribution."""
-    from rollout_service.config import OPEN_BATCH
-
-    sp = SpeculationConfig(method="draft_model", model=str(drafter), num_speculative_tokens=3,
-                           k_by_batch_size=[(1, 16, 3), (17, 40, 0), (41, OPEN_BATCH, 2)])
-    report = check_lossless(str(tiny_model), sp, PROMPTS, plain=plain, **ARGS)
-    print(report.render())
-    assert report.passed, report.render()
-    assert report.acceptance_rate > 0.05
-
-
-def test_verify_lossless_command_with_a_k_schedule(tiny_model, drafter):
-    """The command as a user runs it: exit 0 and the G-test table when lossless; exit 2 naming a bad range."""
+def test_k_by_batch_size_is_lossless_by_the_verify_lossless_command(tiny_model, drafter):
+    """vLLM's dynamic speculative decoding, checked by the command as a user runs it: k changes from step to step
+    with the batch (2 while the check's 64 sequences run, 0 and then 3 as they drain) and samples must still follow
+    the plain distribution: exit 0, the G-test table, drafts accepted. A schedule beyond num_speculative_tokens: exit
+    2 naming the range."""
+    import re
     import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "rollout_service.cli", "verify-lossless", "--model", str(tiny_model),
            "--method", "draft_model", "--draft-model", str(drafter), "-k", "3"]
-    r = subprocess.run(cmd + ["--k-by-batch-size", "1-8:3,9-:1", "--samples", "300", "--max-tokens", "2",
+    r = subprocess.run(cmd + ["--k-by-batch-size", "1-16:3,17-40:0,41-:2", "--samples", "300", "--max-tokens", "3",
                               "--top-k", "4"], check=False, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "RESULT: LOSSLESS" in r.stdout and "p-value" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert float(re.search(r"acceptance rate ([0-9.]+)", r.stdout)[1]) > 0.05, r.stdout
     r = subprocess.run(cmd + ["--k-by-batch-size", "1-8:4"], check=False, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "[1, 8, 4]" in r.stderr and "num_speculative_tokens=3" in r.stderr, r.stderr[-2000:]
 
@@ -167,10 +183,8 @@ def test_eagle3_head_update_moves_acceptance(tiny_model, eagle3_head, tmp_path):
     draft vocabulary mapping d2t stays): a degraded head is accepted less, per drafter version."""
     from safetensors.torch import load_file
 
-    svc = ServiceProcess(str(tiny_model), log_path=tmp_path / "eagle3.log",
-                         extra_args=SERVICE_ARGS + ["--speculation", "eagle3", "--draft-model", str(eagle3_head),
-                                                    "--num-speculative-tokens", "3", "--k-control", "fixed"]).start()
-    try:
+    with running_service(tiny_model, tmp_path / "eagle3.log", "--speculation", "eagle3", "--draft-model",
+                         str(eagle3_head), "--num-speculative-tokens", "3", "--k-control", "fixed") as svc:
         with RolloutClient(svc.target) as c:
             gen = dict(n=32, max_tokens=ARGS["max_tokens"], top_k=ARGS["top_k"], temperature=1.0, ignore_eos=True)
             assert all(s.num_drafted > 0 and s.draft_version == 0 for s in c.generate(PROMPTS, **gen))
@@ -186,8 +200,6 @@ def test_eagle3_head_update_moves_acceptance(tiny_model, eagle3_head, tmp_path):
             assert all(s.draft_version == 1 for s in c.generate(PROMPTS, **gen))
             degraded = acceptance(c.status(), 1)
             assert degraded.acceptance_rate < trained.acceptance_rate - 0.1, (degraded, trained)
-    finally:
-        assert svc.stop() == 0
 
 
 def ngram_prompts(model_dir, bases):
@@ -208,13 +220,6 @@ def ngram_prompts(model_dir, bases):
             prompt = prompt[:1] + [x for t in missing for x in (t, 700 + t % 50, 800 + t % 60)] + prompt[1:]
         out.append(prompt)
     return out
-
-
-@pytest.fixture(scope="module")
-def repeats(tiny_model):
-    """Prompts the model-free drafters (n-gram, suffix) match, and the plain side of their checks, sampled once."""
-    prompts = ngram_prompts(tiny_model, NGRAM_PROMPTS)
-    return prompts, sample_plain(str(tiny_model), prompts, **PLAIN_ARGS)
 
 
 def test_ngram_speculation_is_lossless(tiny_model, repeats):
@@ -251,12 +256,10 @@ def test_suffix_decoding_is_lossless(tiny_model, repeats, per_step):
 @pytest.fixture(scope="module")
 def spec_service(tiny_model, tmp_path_factory):
     identical = perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "identical", scale=0.0)
-    svc = ServiceProcess(str(tiny_model), log_path=tmp_path_factory.mktemp("logs") / "spec.log",
-                         extra_args=SERVICE_ARGS + ["--speculation", "draft_model", "--draft-model", str(identical),
-                                                    "--num-speculative-tokens", "3", "--k-control", "fixed"]).start()
-    with RolloutClient(svc.target) as c:
+    with running_service(tiny_model, tmp_path_factory.mktemp("logs") / "spec.log", "--speculation", "draft_model",
+                         "--draft-model", str(identical), "--num-speculative-tokens", "3",
+                         "--k-control", "fixed") as svc, RolloutClient(svc.target) as c:
         yield svc, c
-    assert svc.stop() == 0
 
 
 def acceptance(status, draft_version):
@@ -311,10 +314,8 @@ def test_k_controller_follows_the_drafter(tiny_model, tmp_path):
     it (drafting steps again) and reports the new drafter's, in GetStatus and /metrics."""
     identical = perturbed_copy(tiny_model, tmp_path / "identical", scale=0.0)
     useless = perturbed_copy(tiny_model, tmp_path / "useless", scale=3.0, seed=3)
-    svc = ServiceProcess(str(tiny_model), log_path=tmp_path / "auto.log",
-                         extra_args=SERVICE_ARGS + ["--speculation", "draft_model", "--draft-model", str(identical),
-                                                    "--num-speculative-tokens", "3"]).start()
-    try:
+    with running_service(tiny_model, tmp_path / "auto.log", "--speculation", "draft_model", "--draft-model",
+                         str(identical), "--num-speculative-tokens", "3") as svc:
         with RolloutClient(svc.target) as c:
             def run_and_status():
                 list(c.generate(PROMPTS, n=8, max_tokens=48, ignore_eos=True, temperature=1.0))
@@ -334,5 +335,3 @@ def test_k_controller_follows_the_drafter(tiny_model, tmp_path):
             code, text = svc.http_get("/metrics")
             assert code == 200 and 'rollout_spec_k_chosen_bucket{engine="engine-0",le="3"}' in text, text[-3000:]
             assert "rollout_spec_step_seconds{" in text
-    finally:
-        assert svc.stop() == 0

@@ -6,10 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollout_client import RolloutClient
-from rollout_client.launcher import ServiceProcess
 from tests.tiny_models import build_tiny_model
 from rollout_service.drafting.reference import processed_logprobs
-from tests.integration.conftest import SERVICE_ARGS
+from tests.integration.services import running_service
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 
@@ -17,11 +16,8 @@ PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 @pytest.fixture(scope="module")
 def tied(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-tied", tied=True, seed=3)
-    svc = ServiceProcess(str(path), extra_args=SERVICE_ARGS,
-                         log_path=tmp_path_factory.mktemp("logs") / "tied.log").start()
-    with RolloutClient(svc.target) as c:
+    with running_service(path, tmp_path_factory.mktemp("logs") / "tied.log") as svc, RolloutClient(svc.target) as c:
         yield path, c
-    assert svc.stop() == 0
 
 
 def check(c, model, version):

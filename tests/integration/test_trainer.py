@@ -8,8 +8,7 @@ import math
 import pytest
 
 from rollout_client import RolloutClient
-from rollout_client.launcher import ServiceProcess
-from tests.integration.conftest import SERVICE_ARGS
+from tests.integration.services import running_service
 from trainer_example.drafter import build_initial_drafter
 from trainer_example.train import main as train_main
 
@@ -17,12 +16,10 @@ from trainer_example.train import main as train_main
 @pytest.fixture(scope="module")
 def grpo_service(tiny_model, tmp_path_factory):
     drafter = build_initial_drafter(str(tiny_model), tmp_path_factory.mktemp("drafters") / "init", layers=1)
-    svc = ServiceProcess(str(tiny_model), log_path=tmp_path_factory.mktemp("logs") / "grpo.log",
-                         extra_args=SERVICE_ARGS + ["--speculation", "draft_model", "--draft-model", str(drafter),
-                                                    "--num-speculative-tokens", "2"]).start()
-    with RolloutClient(svc.target) as c:
+    with running_service(tiny_model, tmp_path_factory.mktemp("logs") / "grpo.log", "--speculation", "draft_model",
+                         "--draft-model", str(drafter), "--num-speculative-tokens", "2") as svc, \
+            RolloutClient(svc.target) as c:
         yield svc, c, drafter
-    assert svc.stop() == 0
 
 
 def run_trainer(svc, drafter, out, *extra):

@@ -13,7 +13,7 @@ from rollout_client.weights import push_stream
 
 from rollout_service.api import pb
 from rollout_service.drafting.reference import processed_logprobs
-from tests.integration.conftest import wait_for
+from tests.integration.services import wait_for
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 

@@ -29,7 +29,7 @@ def test_every_patch_says_why_and_what_its_feature_costs_without_it():
     assert len(names) == len(set(names))
     for p in patches.PATCHES:
         assert p.why and p.serves and p.serves_without and p.platforms and p.runners, p.name
-        assert (p.install is None) == (p.process == "engine_core"), p.name
+        assert (p.install is None) == (p.process == "scheduler"), p.name
 
 
 def test_report_skips_with_reasons(monkeypatch):
@@ -81,3 +81,42 @@ def test_status_and_metrics_show_the_report(make_service):
         text = generate_latest(pool.telemetry.registry).decode()
         assert 'rollout_vllm_patch{name="k0_fastpath",state="skipped"} 1.0' in text
     asyncio.run(run())
+
+
+def test_engine_core_patches_come_from_the_vllm_plugin_and_reach_a_forked_worker(monkeypatch):
+    """vllm_plugin installs the engine-core patches only in vLLM's engine core (vLLM calls its general plugins in every
+    process); a worker forked from it reports them as the engine core found them, and a worker whose engine core did
+    not run the plugin (spawned) says why."""
+    import multiprocessing
+
+    installs = []
+    fake = (patches.Patch("w", "m", "w", "s", "costs w", ("9.9",), ("cpu",), ("v1",), lambda: True),
+            patches.Patch("core", "m", "w", "s", "costs core", ("9.9",), ("cpu",), ("v1",),
+                          lambda: installs.append("core") or True, process="engine_core"),
+            patches.Patch("core_off", "m", "w", "s", "costs off", ("9.9",), ("cpu",), ("v1",),
+                          lambda: installs.append("core_off") or True, disable_env="TEST_CORE_OFF",
+                          process="engine_core"))
+    monkeypatch.setattr(patches, "PATCHES", fake)
+    monkeypatch.setattr(patches, "_status", {})
+    monkeypatch.setattr(patches, "_core_status", {})
+    monkeypatch.setattr(patches, "_platform", lambda: "cpu")
+    monkeypatch.setattr(patches, "_version", lambda: "9.9")
+    monkeypatch.setenv("TEST_CORE_OFF", "1")
+
+    class Proc:
+        name = "MainProcess"
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: Proc)
+    patches.vllm_plugin()                       # the front end: nothing
+    assert installs == [] and patches._core_status == {}
+    spawned = {r["name"]: r for r in patches.report(None)}
+    assert spawned["core"]["state"] == "skipped" and "vllm.general_plugins" in spawned["core"]["reason"]
+    assert spawned["core"]["without"] == "costs core"
+    assert "TEST_CORE_OFF=1" in spawned["core_off"]["reason"]
+
+    Proc.name = "EngineCore"
+    patches.vllm_plugin()
+    patches.vllm_plugin()                       # once per process
+    assert installs == ["core"]
+    forked = {r["name"]: r for r in patches.report(None)}
+    assert forked["core"]["state"] == "applied" and forked["w"]["state"] == "applied"
+    assert forked["core_off"]["state"] == "skipped" and "TEST_CORE_OFF=1" in forked["core_off"]["reason"]
