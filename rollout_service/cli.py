@@ -138,10 +138,7 @@ def cmd_verify_lossless(args) -> int:
     from rollout_service.model_info import ModelInfo
     from rollout_service.drafting.lossless import check_lossless
 
-    model = resolve_model(args.model)
-    info = ModelInfo.load(model, 2048)
-    prompts = [info.encode(p, chat=True) for p in args.prompts]
-    try:
+    try:                                 # the flags first: a bad one fails before the model is read
         spec = load_config(**{"engine.speculation.method": args.method,
                               "engine.speculation.model": args.draft_model,
                               "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
@@ -153,6 +150,9 @@ def cmd_verify_lossless(args) -> int:
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
+    model = resolve_model(args.model)
+    info = ModelInfo.load(model, 2048)
+    prompts = [info.encode(p, chat=True) for p in args.prompts]
     report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha)
     print(report.render())

@@ -1,6 +1,11 @@
 """Weight pushes into a model with tied embeddings (SmolLM2, the default model, is tied): the served
-log-probs must follow the pushed embedding/head, not a stale copy."""
+log-probs must follow the pushed embedding/head, not a stale copy. Then that service is SIGKILLed: it leaves no
+engine process behind (the service is this module's own, so its end costs no extra engine start)."""
+import signal
+import time
+
 import numpy as np
+import psutil
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -16,8 +21,9 @@ PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 @pytest.fixture(scope="module")
 def tied(tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-tied", tied=True, seed=3)
-    with running_service(path, tmp_path_factory.mktemp("logs") / "tied.log") as svc, RolloutClient(svc.target) as c:
-        yield path, c
+    with running_service(path, tmp_path_factory.mktemp("logs") / "tied.log", clean_exit=False) as svc, \
+            RolloutClient(svc.target) as c:                   # SIGKILLed by the last test
+        yield path, c, svc
 
 
 def check(c, model, version):
@@ -29,7 +35,7 @@ def check(c, model, version):
 
 
 def test_push_into_tied_model_updates_embedding_and_head(tied):
-    path, c = tied
+    path, c, _ = tied
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert model.config.tie_word_embeddings
     check(c, model, 0)
@@ -42,3 +48,39 @@ def test_push_into_tied_model_updates_embedding_and_head(tied):
         model.model.embed_tokens.weight.mul_(-1.0)
     c.push_weights({"model.embed_tokens.weight": model.model.embed_tokens.weight}, 2, partial=True)
     check(c, model, 2)
+
+
+def remaining(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {p.name()}")
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_engine_processes_die_with_a_sigkilled_server(tied):
+    """Every process of its tree, recorded once it was ready (vLLM's EngineCore, its worker, multiprocessing's
+    resource tracker), is gone within 10 s of the server's SIGKILL."""
+    svc = tied[2]
+    tree = psutil.Process(svc.proc.pid).children(recursive=True)
+    try:
+        names = [p.name() for p in tree]
+        assert any("EngineCore" in n for n in names), names
+        svc.proc.send_signal(signal.SIGKILL)
+        svc.proc.wait(10)
+        t0 = time.monotonic()
+        while remaining(tree) and time.monotonic() - t0 < 10:
+            time.sleep(0.1)
+        left = remaining(tree)
+        assert not left, f"still running 10 s after the server's SIGKILL: {left}"
+        print(f"{len(tree)} processes under the server ({', '.join(names)}): all gone "
+              f"{time.monotonic() - t0:.1f} s after it was reaped")
+    finally:
+        for p in tree:                               # never leave anything behind, pass or fail
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
