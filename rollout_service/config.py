@@ -171,6 +171,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                            "--max-message-mb") = 64
     max_new_tokens: option(int, "cap on sampling.max_tokens (INVALID_ARGUMENT naming max_new_tokens)",
                            "--max-new-tokens", shown="0 = context length", ge=0) = 0
+    max_top_logprobs: option(int, "most top-k log-probs per token a request may ask for (GenerateRequest."
+                                  "top_logprobs, the dialects' logprobs / top_logprobs / top_logprobs_num; "
+                                  "INVALID_ARGUMENT naming the field above it)", "--max-top-logprobs",
+                             ge=0) = 20
     max_streams_per_client: option(int, "concurrent Generate streams per client (per token, else per peer "
                                         "address; RESOURCE_EXHAUSTED naming it)", "--max-streams-per-client",
                                    ge=1) = 64

@@ -24,6 +24,7 @@ class Limits:
     max_prompts_per_request: int
     max_samples_per_prompt: int
     max_new_tokens: int = 0           # 0: up to the context length
+    max_top_logprobs: int = 20        # GenerateRequest.top_logprobs at most
 
 
 @dataclass
@@ -83,6 +84,9 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
             raise invalid(f"sampling.stop_token_ids: {t} is outside the vocabulary [0, {model.vocab_size})")
     if req.min_policy_version < 0:
         raise invalid(f"min_policy_version: must be >= 0, got {req.min_policy_version}")
+    if not 0 <= req.top_logprobs <= limits.max_top_logprobs:
+        raise invalid(f"top_logprobs: must be in [0, {limits.max_top_logprobs}] (the server's max_top_logprobs), "
+                      f"got {req.top_logprobs}")
 
     prompts: list[list[int]] = []
     text_prompts: set[int] = set()
@@ -111,7 +115,8 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
                     temperature=temperature, top_p=top_p, top_k=max(top_k, 0), max_tokens=max_tokens,
                     stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids),
                     seed=None if seed is None else sample_seed(seed, pi, si), ignore_eos=sp.ignore_eos,
-                    detokenize=bool(sp.stop) or req.return_text)
+                    detokenize=bool(sp.stop) or req.return_text, top_logprobs=req.top_logprobs,
+                    stream=req.stream_tokens)
          for si in range(n)]
         for pi, ids in enumerate(prompts)
     ]

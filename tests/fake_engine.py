@@ -9,7 +9,7 @@ import math
 import random
 
 from rollout_service.engine.base import Engine, EngineState
-from rollout_service.engine.types import SeqRequest, SeqResult
+from rollout_service.engine.types import SeqRequest, SeqResult, TokenDelta
 
 
 class FakeEngine(Engine):
@@ -52,7 +52,7 @@ class FakeEngine(Engine):
         self.dead = False
         self.state = EngineState.READY
 
-    async def generate(self, req: SeqRequest) -> SeqResult:
+    async def generate(self, req: SeqRequest, on_delta=None) -> SeqResult:
         self.calls += 1
         self.seen.append(req)
         if self.dead:
@@ -70,6 +70,11 @@ class FakeEngine(Engine):
                     raise RuntimeError("engine process died")
                 tok = rng.randrange(self.vocab_size)
                 tokens.append(tok)
+                if req.stream and on_delta is not None:
+                    on_delta(TokenDelta(start=len(tokens) - 1, token_ids=[tok], logprobs=[-math.log(self.vocab_size)],
+                                        version_spans=[(self.policy_version, len(tokens) - 1)],
+                                        top_token_ids=self._top(tokens[-1:], req.top_logprobs),
+                                        top_logprobs=self._top_lp(1, req.top_logprobs)))
                 if tok in req.stop_token_ids:
                     finish = "stop"
                     break
@@ -80,7 +85,16 @@ class FakeEngine(Engine):
             self.active.discard(req.seq_id)
         return SeqResult(token_ids=tokens, logprobs=[-math.log(self.vocab_size)] * len(tokens),
                          finish_reason=finish, policy_version=self.policy_version,
-                         version_spans=[(self.policy_version, 0)], draft_version=self.draft_version)
+                         version_spans=[(self.policy_version, 0)], draft_version=self.draft_version,
+                         top_token_ids=self._top(tokens, req.top_logprobs),
+                         top_logprobs=self._top_lp(len(tokens), req.top_logprobs))
+
+    def _top(self, tokens: list[int], k: int) -> list[list[int]]:
+        """Fake top-k: the sampled token first, then the ids after it."""
+        return [[(t + j) % self.vocab_size for j in range(k)] for t in tokens] if k else []
+
+    def _top_lp(self, n: int, k: int) -> list[list[float]]:
+        return [[-math.log(self.vocab_size)] * k for _ in range(n)] if k else []
 
     async def shutdown(self) -> None:
         self.state = EngineState.STOPPED

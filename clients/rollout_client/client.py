@@ -35,7 +35,8 @@ class RolloutClient:
         grpc.channel_ready_future(self.channel).result(timeout=timeout)
 
     def generate(self, prompts, *, timeout: float | None = None, **kwargs) -> Iterator[Sample]:
-        """Stream samples as they finish. kwargs: see rollout_client.build_request."""
+        """Stream samples as they finish (with stream_tokens=True also their token deltas, Sample.delta set, before
+        each whole sample). kwargs: see rollout_client.build_request."""
         for m in self.stub.Generate(build_request(prompts, **kwargs), timeout=timeout, metadata=self.auth.data()):
             yield Sample.from_proto(m)
 
@@ -44,7 +45,8 @@ class RolloutClient:
         n = kwargs.get("n", 1) or 1
         out: list[list[Sample | None]] = [[None] * n for _ in prompts]
         for s in self.generate(prompts, **kwargs):
-            out[s.prompt_index][s.sample_index] = s
+            if not s.delta:
+                out[s.prompt_index][s.sample_index] = s
         return out  # type: ignore[return-value]
 
     def status(self, timeout: float | None = 10.0) -> pb.Status:
@@ -120,7 +122,8 @@ class AsyncRolloutClient:
         n = kwargs.get("n", 1) or 1
         out: list[list[Sample | None]] = [[None] * n for _ in prompts]
         async for s in self.generate(prompts, **kwargs):
-            out[s.prompt_index][s.sample_index] = s
+            if not s.delta:
+                out[s.prompt_index][s.sample_index] = s
         return out  # type: ignore[return-value]
 
     async def status(self, timeout: float | None = 10.0) -> pb.Status:

@@ -27,9 +27,15 @@ class Sample:
     text: str
     num_prompt_tokens: int
     prompt_token_ids: np.ndarray | None = field(default=None)   # set on the first sample of a text prompt
+    top_token_ids: np.ndarray | None = field(default=None)   # int64 [gen_len, k] with top_logprobs=k, most likely first
+    top_logprobs: np.ndarray | None = field(default=None)    # float32 [gen_len, k], same distribution as logprobs
+    delta: bool = False              # stream_tokens: only the tokens new since this sample's previous message
+    delta_start: int = 0             # in a delta: the index of token_ids[0] in the whole sample
 
     @classmethod
     def from_proto(cls, m: pb.Sample) -> "Sample":
+        n = len(m.token_ids)
+        k = len(m.top_token_ids) // n if n else 0
         return cls(
             prompt_index=m.prompt_index, sample_index=m.sample_index,
             token_ids=np.asarray(m.token_ids, dtype=np.int64), logprobs=np.asarray(m.logprobs, dtype=np.float32),
@@ -39,6 +45,9 @@ class Sample:
             draft_version=m.draft_version, num_drafted=m.num_drafted, num_accepted=m.num_accepted, text=m.text,
             num_prompt_tokens=m.num_prompt_tokens,
             prompt_token_ids=np.asarray(m.prompt_token_ids, dtype=np.int64) if m.prompt_token_ids else None,
+            top_token_ids=np.asarray(m.top_token_ids, dtype=np.int64).reshape(n, k) if k else None,
+            top_logprobs=np.asarray(m.top_logprobs, dtype=np.float32).reshape(n, k) if k else None,
+            delta=m.delta, delta_start=m.delta_start,
         )
 
 
@@ -46,8 +55,10 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
                   top_k: int | None = None, max_tokens: int | None = None, stop=(), seed: int | None = None,
                   ignore_eos: bool = False, stop_token_ids=(), request_id: str = "",
                   min_policy_version: int = 0, return_text: bool = False,
-                  chat: bool = False) -> pb.GenerateRequest:
-    """prompts: a list whose items are token-id sequences (list/array of ints) or strings."""
+                  chat: bool = False, top_logprobs: int = 0, stream_tokens: bool = False) -> pb.GenerateRequest:
+    """prompts: a list whose items are token-id sequences (list/array of ints) or strings. top_logprobs: k most
+    likely tokens per position (Sample.top_token_ids / top_logprobs). stream_tokens: also yield each sample's new
+    tokens as they are produced (Sample.delta), before the whole sample."""
     items = []
     for p in prompts:
         if isinstance(p, str):
@@ -60,7 +71,8 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
         if value is not None:
             setattr(sp, name, value)
     return pb.GenerateRequest(request_id=request_id, prompts=items, n=n, sampling=sp,
-                              min_policy_version=min_policy_version, return_text=return_text)
+                              min_policy_version=min_policy_version, return_text=return_text,
+                              top_logprobs=top_logprobs, stream_tokens=stream_tokens)
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 
 
-def processed_logprobs(model, prompt: list[int], generated: list[int], temperature: float, top_k: int,
-                       top_p: float) -> torch.Tensor:
-    """log p(generated[t] | prompt, generated[:t]) under the distribution after temperature, top-k, top-p.
-
-    Returns float64 [len(generated)].
-    """
+def processed_logprob_rows(model, prompt: list[int], generated: list[int], temperature: float, top_k: int,
+                           top_p: float) -> torch.Tensor:
+    """log p(. | prompt, generated[:t]) over the whole vocabulary at every generated position, under the
+    distribution after temperature, top-k, top-p (-inf where they rule a token out). Returns float64
+    [len(generated), vocab]."""
     ids = torch.tensor([prompt + generated])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1:-1].double()          # [gen_len, vocab]
@@ -26,5 +25,14 @@ def processed_logprobs(model, prompt: list[int], generated: list[int], temperatu
         drop_sorted[:, -1] = False                                           # keep at least one token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    logp = torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def processed_logprobs(model, prompt: list[int], generated: list[int], temperature: float, top_k: int,
+                       top_p: float) -> torch.Tensor:
+    """log p(generated[t] | prompt, generated[:t]) under the distribution after temperature, top-k, top-p.
+
+    Returns float64 [len(generated)].
+    """
+    logp = processed_logprob_rows(model, prompt, generated, temperature, top_k, top_p)
     return logp.gather(-1, torch.tensor(generated).unsqueeze(-1)).squeeze(-1)

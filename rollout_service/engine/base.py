@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Callable
 
-from rollout_service.engine.types import SeqRequest, SeqResult
+from rollout_service.engine.types import SeqRequest, SeqResult, TokenDelta
 
 
 class EngineState(enum.Enum):
@@ -52,8 +53,9 @@ class Engine(abc.ABC):
         """Load the model; on return the engine is READY."""
 
     @abc.abstractmethod
-    async def generate(self, req: SeqRequest) -> SeqResult:
-        """Generate one sequence to completion."""
+    async def generate(self, req: SeqRequest, on_delta: Callable[[TokenDelta], None] | None = None) -> SeqResult:
+        """Generate one sequence to completion. on_delta (with req.stream): called with the new tokens as the
+        engine produces them, before the result is returned; an engine that cannot report them never calls it."""
 
     @abc.abstractmethod
     async def shutdown(self) -> None:

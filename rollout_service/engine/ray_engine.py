@@ -213,7 +213,9 @@ class RayEngine(Engine):
     def death_reason(self) -> str:
         return self._dead
 
-    async def generate(self, req: SeqRequest) -> SeqResult:
+    async def generate(self, req: SeqRequest, on_delta=None) -> SeqResult:
+        """on_delta is never called: the actor returns whole samples (token deltas are not carried over Ray yet;
+        a streaming request gets its final samples)."""
         import ray
 
         ref = self.actor.generate.remote(msgspec.msgpack.encode(req))

@@ -21,6 +21,8 @@ class SeqRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # end's event loop, token by token: under load a batch of outputs held the loop 0.6 s. Off unless the
     # request has stop strings or asked for text.
     detokenize: bool = True
+    top_logprobs: int = 0            # k most likely tokens per position, under the processed distribution
+    stream: bool = False             # report new tokens per engine step (Engine.generate's on_delta)
 
 
 class SeqResult(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -38,3 +40,16 @@ class SeqResult(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     num_accepted: int = 0
     spec_steps: int = 0              # verify steps that carried drafts
     accepted_per_pos: list[int] = []  # [k] steps whose i-th draft was accepted
+    top_token_ids: list[list[int]] = []     # [gen_len][top_logprobs], most likely first
+    top_logprobs: list[list[float]] = []    # [gen_len][top_logprobs], processed distribution
+
+
+class TokenDelta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Tokens an unfinished sequence produced since its previous delta (one engine step, or several merged)."""
+
+    start: int                       # index of token_ids[0] in the whole sequence
+    token_ids: list[int]             # [new]
+    logprobs: list[float]            # [new]
+    version_spans: list[tuple[int, int]]    # (policy_version, first_token as an index in the whole sequence)
+    top_token_ids: list[list[int]] = []     # [new][top_logprobs]
+    top_logprobs: list[list[float]] = []

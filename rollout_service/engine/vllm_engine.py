@@ -13,7 +13,7 @@ from rollout_service.config import OPEN_BATCH, EngineConfig, k_mode
 from rollout_service.engine import lifeline
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.cpu_env import is_cpu_platform, prepare_cpu_environment, resolve_dtype
-from rollout_service.engine.types import SeqRequest, SeqResult
+from rollout_service.engine.types import SeqRequest, SeqResult, TokenDelta
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class VllmEngine(Engine):
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
+            max_logprobs=-1,        # only vLLM's check of a request: the service caps top_logprobs before admission
             disable_log_stats=True,
             worker_extension_cls="rollout_service.engine.worker_ext.RolloutWorkerExtension",
             weight_transfer_config={"backend": transfer_backend(self.cfg.weight_transfer)}
@@ -137,19 +138,30 @@ class VllmEngine(Engine):
             seed=req.seed,
             ignore_eos=req.ignore_eos,
             detokenize=req.detokenize,
-            logprobs=0,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            # the sampled token's log-prob and the top-k, under the processed distribution (logprobs_mode) in
+            # plain and speculative steps alike (vLLM's rejection sampler gathers them from the same logits)
+            logprobs=req.top_logprobs,
+            output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
         )
 
-    async def generate(self, req: SeqRequest) -> SeqResult:
+    async def generate(self, req: SeqRequest, on_delta=None) -> SeqResult:
         llm = self.llm
         if llm is None:
             raise RuntimeError(f"{self.id} is not started")
         final = None
+        stream = req.stream and on_delta is not None
+        parts = _Parts() if req.stream else None
         try:
             async for out in llm.generate(
                 {"prompt_token_ids": req.prompt_token_ids}, self._sampling_params(req), req.seq_id
             ):
+                if parts is None:
+                    final = out
+                    continue
+                comp = out.outputs[0]
+                start = parts.add(comp, req.top_logprobs)
+                if stream and not out.finished and len(comp.token_ids):
+                    on_delta(parts.delta(start, self._delta_spans(llm, req.seq_id, start, len(parts.token_ids))))
                 final = out
         except asyncio.CancelledError:
             # AsyncLLM.generate aborts on cancellation too; this makes sure the engine forgets it.
@@ -163,7 +175,24 @@ class VllmEngine(Engine):
             raise
         if final is None:
             raise RuntimeError(f"{self.id} returned no output for {req.seq_id}")
-        return _to_result(final.outputs[0], self.policy_version, self.draft_version)
+        if parts is not None:
+            return parts.result(final.outputs[0], self.policy_version, self.draft_version)
+        return _to_result(final.outputs[0], self.policy_version, self.draft_version, req.top_logprobs)
+
+    def _delta_spans(self, llm, seq_id: str, start: int, end: int) -> list[tuple[int, int]]:
+        """The policy versions that produced tokens [start, end) of a running sequence: vLLM's front end records
+        the weight version of every step's output per request (output_processor's request state; the finished
+        output carries the same as weight_versions). Falls back to this engine's label."""
+        op = llm.output_processor                  # its states are keyed by vLLM's internal request ids
+        internal = op.external_req_ids.get(seq_id) or [seq_id]
+        state = op.request_states.get(internal[-1])
+        starts = list(getattr(state, "weight_version_starts", None) or [])
+        try:
+            spans = [(int(v), max(t, start)) for i, (v, t) in enumerate(starts)
+                     if t < end and (i + 1 == len(starts) or starts[i + 1][1] > start)]
+        except ValueError:                      # a version label that is not ours (not an integer)
+            spans = []
+        return spans or [(self.policy_version, start)]
 
     def alive(self) -> bool:
         return self.llm is not None and not self.llm.errored
@@ -268,13 +297,60 @@ class VllmEngine(Engine):
         self.state = EngineState.STOPPED
 
 
-def _to_result(comp, policy_version: int, draft_version: int) -> SeqResult:
-    """vLLM CompletionOutput -> SeqResult."""
-    token_ids = list(comp.token_ids)
-    logprobs = []
+def _logprobs(comp, token_ids: list[int], k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
+    """A CompletionOutput's log-probs: the sampled token's at every position and, with k > 0, the k most likely
+    tokens' (vLLM gives the sampled token and the top k per position, each with its rank)."""
+    logprobs, top_ids, top_lps = [], [], []
     for pos, tok in enumerate(token_ids):
         entry = comp.logprobs[pos]
         logprobs.append(float(entry[tok].logprob))
+        if k:
+            best = sorted(entry.items(), key=lambda kv: (kv[1].rank, -kv[1].logprob))[:k]
+            top_ids.append([t for t, _ in best])
+            top_lps.append([float(lp.logprob) for _, lp in best])
+    return logprobs, top_ids, top_lps
+
+
+class _Parts:
+    """A streamed sequence's deltas (vLLM's DELTA outputs) gathered into the whole sequence."""
+
+    def __init__(self):
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top_token_ids: list[list[int]] = []
+        self.top_logprobs: list[list[float]] = []
+        self.text = ""
+
+    def add(self, comp, k: int) -> int:
+        """Append one delta; returns the index of its first token."""
+        start = len(self.token_ids)
+        ids = list(comp.token_ids)
+        lps, top_ids, top_lps = _logprobs(comp, ids, k)
+        self.token_ids += ids
+        self.logprobs += lps
+        self.top_token_ids += top_ids
+        self.top_logprobs += top_lps
+        self.text += comp.text or ""
+        return start
+
+    def delta(self, start: int, spans: list[tuple[int, int]]) -> TokenDelta:
+        return TokenDelta(start=start, token_ids=self.token_ids[start:], logprobs=self.logprobs[start:],
+                          version_spans=spans, top_token_ids=self.top_token_ids[start:],
+                          top_logprobs=self.top_logprobs[start:])
+
+    def result(self, last, policy_version: int, draft_version: int) -> SeqResult:
+        """The whole sequence: the tokens gathered, with the last delta's finish, spans and speculation counts."""
+        out = _to_result(last, policy_version, draft_version, 0, whole=False)
+        out.token_ids, out.logprobs, out.text = self.token_ids, self.logprobs, self.text
+        out.top_token_ids, out.top_logprobs = self.top_token_ids, self.top_logprobs
+        return out
+
+
+def _to_result(comp, policy_version: int, draft_version: int, k: int = 0, whole: bool = True) -> SeqResult:
+    """vLLM CompletionOutput -> SeqResult (whole=False: only its finish, spans and counts; the caller sets the
+    tokens)."""
+    token_ids = list(comp.token_ids) if whole else []
+    logprobs, top_ids, top_lps = _logprobs(comp, token_ids, k)
     spans = [(int(s.version), int(s.start)) for s in (comp.weight_versions or [])]
     if not spans:
         spans = [(policy_version, 0)]
@@ -300,4 +376,6 @@ def _to_result(comp, policy_version: int, draft_version: int) -> SeqResult:
         num_accepted=accepted,
         spec_steps=steps,
         accepted_per_pos=per_pos,
+        top_token_ids=top_ids,
+        top_logprobs=top_lps,
     )

@@ -245,7 +245,10 @@ class EnginePool:
     async def _run(self, rec: RequestRecord, engine: Engine, p: int, s: int, seq: SeqRequest,
                    admitted: float, slot: "_Slot") -> None:
         try:
-            result = await engine.generate(seq)
+            if seq.stream:
+                result = await engine.generate(seq, lambda d: rec.add_delta(p, s, d))
+            else:
+                result = await engine.generate(seq)
         except ServiceError as e:
             self._fail(rec, e)
             return

@@ -3,6 +3,11 @@
 A RequestRecord collects the samples of one Generate request as they finish. Any number of streams
 (the first attempt and its retries) read it from the start; when the last reader leaves before the
 request finished, the record is cancelled (its engine sequences are aborted) and forgotten.
+
+With token streaming, it also holds each unfinished sample's tokens so far (Progress, dropped when the sample
+finishes). A reader remembers how far it has sent each sample and sends what is new since: a slow reader gets
+the steps it missed as one delta, so the engine never waits for a reader and a record never holds more than its
+samples' tokens.
 """
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from rollout_service.engine.types import SeqResult
+from rollout_service.engine.types import SeqResult, TokenDelta
 from rollout_service.errors import ServiceError
 
 
@@ -19,6 +24,42 @@ class IndexedResult:
     prompt_index: int
     sample_index: int
     result: SeqResult
+
+
+@dataclass
+class IndexedDelta:
+    prompt_index: int
+    sample_index: int
+    delta: TokenDelta
+
+
+@dataclass
+class Progress:
+    """An unfinished sample's tokens so far, as the engine reported them (TokenDelta's fields, whole)."""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_token_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def extend(self, d: TokenDelta) -> None:
+        if d.start != len(self.token_ids):          # never: an engine reports every token once, in order
+            raise ValueError(f"a delta starting at {d.start} follows {len(self.token_ids)} tokens")
+        self.token_ids += d.token_ids
+        self.logprobs += d.logprobs
+        self.top_token_ids += d.top_token_ids
+        self.top_logprobs += d.top_logprobs
+        for v, t in d.version_spans:
+            if not self.version_spans or self.version_spans[-1][0] != v:
+                self.version_spans.append((v, t))
+
+    def since(self, start: int) -> TokenDelta:
+        """The tokens from index `start` on, with the versions that produced them."""
+        spans = [(v, max(t, start)) for i, (v, t) in enumerate(self.version_spans)
+                 if i + 1 == len(self.version_spans) or self.version_spans[i + 1][1] > start]
+        return TokenDelta(start=start, token_ids=self.token_ids[start:], logprobs=self.logprobs[start:],
+                          version_spans=spans, top_token_ids=self.top_token_ids[start:],
+                          top_logprobs=self.top_logprobs[start:])
 
 
 @dataclass(eq=False)
@@ -33,9 +74,18 @@ class RequestRecord:
     readers: int = 0
     tasks: list[asyncio.Task] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    progress: dict[tuple[int, int], Progress] = field(default_factory=dict)   # unfinished samples (streaming)
 
     def add(self, item: IndexedResult) -> None:
+        self.progress.pop((item.prompt_index, item.sample_index), None)
         self.results.append(item)
+        self._notify()
+
+    def add_delta(self, prompt_index: int, sample_index: int, delta: TokenDelta) -> None:
+        """New tokens of an unfinished sample (called by the engine's step loop: never blocks)."""
+        if self.done:
+            return
+        self.progress.setdefault((prompt_index, sample_index), Progress()).extend(delta)
         self._notify()
 
     def finish(self, error: ServiceError | None = None) -> None:
@@ -54,18 +104,32 @@ class RequestRecord:
         self.changed.set()
         self.changed = asyncio.Event()
 
-    async def read(self):
-        """Yield every result from the first; raise the record's error, if any, at the end."""
+    async def read(self, deltas: bool = False):
+        """Yield every result from the first; raise the record's error, if any, at the end. deltas: also yield an
+        IndexedDelta with the tokens of each unfinished sample that are new since this reader's last one."""
         i = 0
+        sent: dict[tuple[int, int], int] = {}          # tokens of each unfinished sample this reader has sent
         while True:
+            changed = self.changed
+            moved = False
             while i < len(self.results):
                 yield self.results[i]
                 i += 1
+                moved = True
+            if deltas:
+                for key, prog in list(self.progress.items()):
+                    at = sent.get(key, 0)
+                    if len(prog.token_ids) > at and key in self.progress:
+                        sent[key] = len(prog.token_ids)
+                        yield IndexedDelta(key[0], key[1], prog.since(at))
+                        moved = True
+            if moved:                                    # a yield may have waited: look again before sleeping
+                continue
             if self.done:
                 if self.error is not None:
                     raise self.error
                 return
-            await self.changed.wait()
+            await changed.wait()
 
 
 class RequestRegistry:

@@ -100,7 +100,8 @@ class RolloutServer:
         self.weights = WeightService.create(self.pool, serving_dtype(cfg, model.path),
                                             weights_roots=weights_roots(cfg))
         self.creds = load_credentials(cfg.security, cfg.host)
-        limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens)
+        limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens,
+                        cfg.max_top_logprobs)
         self.scaler = Scaler(self.pool, factory)
         self.transfer = WeightTransfer(self.weights, transfer_backend_of(cfg), cfg.engine.weight_transfer_timeout_s)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,

@@ -8,7 +8,7 @@ from rollout_service.weights.service import Header, PushOutcome
 from rollout_service.weights.transfer import Meta
 from rollout_service.engine.base import EngineState
 from rollout_service.pool.pool import EnginePool
-from rollout_service.pool.requests import IndexedResult
+from rollout_service.pool.requests import IndexedDelta, IndexedResult
 from rollout_service.speculation.speedup import expected_speedup, measured_mean_acceptance_length
 from rollout_service.wire import DEFAULT_IN_FLIGHT, DEFAULT_TARGET, FINISH_REASONS, IN_FLIGHT_MODES, TARGETS
 
@@ -35,6 +35,21 @@ def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: boo
         draft_version=r.draft_version, num_drafted=r.num_drafted, num_accepted=r.num_accepted,
         text=r.text if with_text else "", num_prompt_tokens=len(prompt_ids),
         prompt_token_ids=prompt_ids if send_prompt else [],
+        top_token_ids=[t for row in r.top_token_ids for t in row],
+        top_logprobs=[lp for row in r.top_logprobs for lp in row],
+    )
+
+
+def delta_to_proto(item: IndexedDelta, num_prompt_tokens: int) -> pb.Sample:
+    """New tokens of an unfinished sample (GenerateRequest.stream_tokens): a Sample with delta set."""
+    d = item.delta
+    return pb.Sample(
+        prompt_index=item.prompt_index, sample_index=item.sample_index, token_ids=d.token_ids, logprobs=d.logprobs,
+        policy_version=d.version_spans[0][0] if d.version_spans else 0,
+        version_spans=[pb.VersionSpan(policy_version=v, first_token=t) for v, t in d.version_spans],
+        num_prompt_tokens=num_prompt_tokens, delta=True, delta_start=d.start,
+        top_token_ids=[t for row in d.top_token_ids for t in row],
+        top_logprobs=[lp for row in d.top_logprobs for lp in row],
     )
 
 

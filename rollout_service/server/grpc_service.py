@@ -12,11 +12,11 @@ from rollout_service.config import SpeculationConfig, k_mode
 from rollout_service.errors import ServiceError, invalid
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
-from rollout_service.pool.requests import RequestRecord
+from rollout_service.pool.requests import IndexedDelta, RequestRecord
 from rollout_service.pool.scaling import Scaler
 from rollout_service.server.auth import Credentials, caller_id
-from rollout_service.server.convert import (group_to_proto, header_from_proto, metas_from_proto, push_result_to_proto,
-                                            sample_to_proto, status_to_proto, target_and_mode)
+from rollout_service.server.convert import (delta_to_proto, group_to_proto, header_from_proto, metas_from_proto,
+                                            push_result_to_proto, sample_to_proto, status_to_proto, target_and_mode)
 from rollout_service.validation import CheckedRequest, Limits, check_generate
 from rollout_service.weights.service import Chunk, Trailer, WeightService
 from rollout_service.weights.transfer import WeightTransfer
@@ -87,8 +87,11 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.pool.attach(record)
         sent_prompt: set[int] = set()
         try:
-            async for item in record.read():
+            async for item in record.read(deltas=request.stream_tokens):
                 p = item.prompt_index
+                if isinstance(item, IndexedDelta):
+                    yield delta_to_proto(item, len(checked.prompt_token_ids[p]))
+                    continue
                 send_prompt = p in checked.text_prompts and p not in sent_prompt
                 sent_prompt.add(p)
                 yield sample_to_proto(item, checked.prompt_token_ids[p], send_prompt, request.return_text)

@@ -28,6 +28,10 @@ BAD = [
     ("empty stop string", dict(stop=[""]), "sampling.stop"),
     ("bad request id", dict(request_id="has space"), "request_id"),
     ("negative min_policy_version", dict(min_policy_version=-1), "min_policy_version"),
+    ("top_logprobs above max_top_logprobs", dict(top_logprobs=21), "top_logprobs: must be in [0, 20]"),
+    ("negative top_logprobs", dict(top_logprobs=-1), "top_logprobs"),
+    ("top_logprobs far above the limit while streaming tokens", dict(top_logprobs=2**31 - 1, stream_tokens=True),
+     "top_logprobs"),
 ]
 
 
