@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rollout_service.api import pb
 from rollout_service.engine.types import SeqRequest
-from rollout_service.errors import invalid
+from rollout_service.errors import Name, invalid_field
 from rollout_service.model_info import ModelInfo
 
 DEFAULT_MAX_TOKENS = 128
@@ -17,6 +17,7 @@ MAX_TEMPERATURE = 2.0
 # The floor is 0.01 as a float32 (the wire type), so a client's 0.01 passes.
 MIN_TEMPERATURE = struct.unpack("f", struct.pack("f", 0.01))[0]
 _SEED_MOD = 2**63 - 1
+MAX_TOKENS = Name("sampling.max_tokens", "max_tokens")    # as a hint's text names it ("lower max_tokens")
 
 
 @dataclass
@@ -45,17 +46,17 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
 def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) -> CheckedRequest:
     rid = req.request_id
     if len(rid) > 128 or not all(32 < ord(c) < 127 for c in rid):
-        raise invalid("request_id: at most 128 printable ASCII characters without spaces")
+        raise invalid_field("request_id", "at most 128 printable ASCII characters without spaces")
     if not req.prompts:
-        raise invalid("prompts: at least one prompt is required")
+        raise invalid_field("prompts", "at least one prompt is required")
     if len(req.prompts) > limits.max_prompts_per_request:
-        raise invalid(f"prompts: {len(req.prompts)} prompts exceed max_prompts_per_request="
-                      f"{limits.max_prompts_per_request}; split the batch")
+        raise invalid_field("prompts", f"{len(req.prompts)} prompts exceed max_prompts_per_request="
+                                       f"{limits.max_prompts_per_request}; split the batch")
     n = req.n or 1
     if n < 1:
-        raise invalid(f"n: must be >= 1, got {req.n}")
+        raise invalid_field("n", f"must be >= 1, got {req.n}")
     if n > limits.max_samples_per_prompt:
-        raise invalid(f"n: {n} exceeds max_samples_per_prompt={limits.max_samples_per_prompt}")
+        raise invalid_field("n", f"{n} exceeds max_samples_per_prompt={limits.max_samples_per_prompt}")
 
     sp = req.sampling
     temperature = sp.temperature if sp.HasField("temperature") else 1.0
@@ -64,48 +65,50 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
     max_tokens = sp.max_tokens if sp.HasField("max_tokens") else DEFAULT_MAX_TOKENS
     # vLLM's ranges (vllm/sampling_params.py, checked before admission so the engine never refuses them)
     if not 0 <= temperature <= MAX_TEMPERATURE:          # also NaN and +-inf
-        raise invalid(f"sampling.temperature: must be a finite value in [0, {MAX_TEMPERATURE:g}], got {temperature}")
+        raise invalid_field("sampling.temperature",
+                            f"must be a finite value in [0, {MAX_TEMPERATURE:g}], got {temperature}")
     if 0 < temperature < MIN_TEMPERATURE:
-        raise invalid(f"sampling.temperature: {temperature:g} is below vLLM's floor of 0.01 (vLLM would silently "
-                      "sample at 0.01 instead); use 0 for greedy decoding or a value in [0.01, 2]")
+        raise invalid_field("sampling.temperature", f"{temperature:g} is below vLLM's floor of 0.01 (vLLM would "
+                            "silently sample at 0.01 instead); use 0 for greedy decoding or a value in [0.01, 2]")
     if not 0 < top_p <= 1:
-        raise invalid(f"sampling.top_p: must be in (0, 1], got {top_p}")
+        raise invalid_field("sampling.top_p", f"must be in (0, 1], got {top_p}")
     if top_k < -1:
-        raise invalid(f"sampling.top_k: must be -1 or 0 (disabled) or >= 1, got {top_k}")
+        raise invalid_field("sampling.top_k", f"must be -1 or 0 (disabled) or >= 1, got {top_k}")
     if max_tokens < 1:
-        raise invalid(f"sampling.max_tokens: must be >= 1, got {max_tokens}")
+        raise invalid_field("sampling.max_tokens", f"must be >= 1, got {max_tokens}")
     if limits.max_new_tokens and max_tokens > limits.max_new_tokens:
-        raise invalid(f"sampling.max_tokens: {max_tokens} exceeds the server's max_new_tokens="
-                      f"{limits.max_new_tokens}; lower max_tokens")
+        raise invalid_field("sampling.max_tokens", f"{max_tokens} exceeds the server's max_new_tokens="
+                            f"{limits.max_new_tokens}; lower ", MAX_TOKENS)
     if any(s == "" for s in sp.stop):
-        raise invalid("sampling.stop: stop strings must be non-empty")
+        raise invalid_field("sampling.stop", "stop strings must be non-empty")
     for t in sp.stop_token_ids:
         if not 0 <= t < model.vocab_size:
-            raise invalid(f"sampling.stop_token_ids: {t} is outside the vocabulary [0, {model.vocab_size})")
+            raise invalid_field("sampling.stop_token_ids", f"{t} is outside the vocabulary [0, {model.vocab_size})")
     if req.min_policy_version < 0:
-        raise invalid(f"min_policy_version: must be >= 0, got {req.min_policy_version}")
+        raise invalid_field("min_policy_version", f"must be >= 0, got {req.min_policy_version}")
     if not 0 <= req.top_logprobs <= limits.max_top_logprobs:
-        raise invalid(f"top_logprobs: must be in [0, {limits.max_top_logprobs}] (the server's max_top_logprobs), "
-                      f"got {req.top_logprobs}")
+        raise invalid_field("top_logprobs", f"must be in [0, {limits.max_top_logprobs}] (the server's "
+                            f"max_top_logprobs), got {req.top_logprobs}")
 
     prompts: list[list[int]] = []
     text_prompts: set[int] = set()
     for i, p in enumerate(req.prompts):
         if p.token_ids and p.text:
-            raise invalid(f"prompts[{i}]: set either token_ids or text, not both")
+            raise invalid_field(f"prompts[{i}]", "set either token_ids or text, not both")
         if p.text:
             ids = model.encode(p.text, chat=p.apply_chat_template)
             text_prompts.add(i)
         else:
             ids = list(p.token_ids)
         if not ids:
-            raise invalid(f"prompts[{i}]: empty prompt (no token_ids and no text)")
+            raise invalid_field(f"prompts[{i}]", "empty prompt (no token_ids and no text)")
         bad = next((t for t in ids if not 0 <= t < model.vocab_size), None)
         if bad is not None:
-            raise invalid(f"prompts[{i}].token_ids: {bad} is outside the vocabulary [0, {model.vocab_size})")
+            raise invalid_field(f"prompts[{i}].token_ids", f"{bad} is outside the vocabulary [0, {model.vocab_size})")
         if len(ids) + max_tokens > model.max_model_len:
-            raise invalid(f"prompts[{i}]: {len(ids)} prompt tokens + sampling.max_tokens={max_tokens} exceed "
-                          f"the context length {model.max_model_len}; shorten the prompt or lower max_tokens")
+            raise invalid_field(f"prompts[{i}]", f"{len(ids)} prompt tokens + ", Name("sampling.max_tokens"),
+                                    f"={max_tokens} exceed the context length {model.max_model_len}; shorten "
+                                    "the prompt or lower ", MAX_TOKENS)
         prompts.append(ids)
 
     base = rid or uuid.uuid4().hex

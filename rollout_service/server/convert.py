@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rollout_service.api import pb
 from rollout_service.config import MODEL_FREE_METHODS
-from rollout_service.errors import invalid
+from rollout_service.errors import invalid_field
 from rollout_service.weights.service import Header, PushOutcome
 from rollout_service.weights.transfer import Meta
 from rollout_service.engine.base import EngineState
@@ -118,12 +118,16 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
 
 def target_and_mode(target: int, in_flight: int, where: str) -> tuple[str, str]:
     """Enum values from the wire; an unknown one (a newer client, a corrupt message) is INVALID_ARGUMENT."""
+    rpc, _, message = where.rpartition(": ")          # "LoadWeights: request": the RPC and the message
+    prefix = f"{message}."
     if target not in TARGET_NAMES:
-        raise invalid(f"{where}.target has an unknown value {target}; use "
-                      f"{_one_of([pb.WeightTarget.Name(v) for v in TARGET_ENUM.values()])}")
+        raise invalid_field(f"{prefix}target", f"has an unknown value {target}; use "
+                            f"{_one_of([pb.WeightTarget.Name(v) for v in TARGET_ENUM.values()])}",
+                            sep=" ", rpc=rpc)
     if in_flight not in MODES:
-        raise invalid(f"{where}.in_flight has an unknown value {in_flight}; use "
-                      f"{_one_of([pb.InFlightMode.Name(v) for v in MODES if v != pb.IN_FLIGHT_UNSPECIFIED])}")
+        raise invalid_field(f"{prefix}in_flight", f"has an unknown value {in_flight}; use "
+                            f"{_one_of([pb.InFlightMode.Name(v) for v in MODES if v != pb.IN_FLIGHT_UNSPECIFIED])}",
+                            sep=" ", rpc=rpc)
     return TARGET_NAMES[target], MODES[in_flight]
 
 
@@ -135,10 +139,12 @@ def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:
     target, mode = target_and_mode(h.target, h.in_flight, f"{rpc}: header")
     if rpc == "UpdateDraft":
         if h.target not in (pb.TARGET_UNSPECIFIED, pb.TARGET_DRAFTER):
-            raise invalid("UpdateDraft: header.target must be TARGET_DRAFTER (use PushWeights for the policy)")
+            raise invalid_field("header.target", "must be TARGET_DRAFTER (use PushWeights for the policy)", sep=" ",
+                                rpc="UpdateDraft")
         target = "drafter"
     elif target != "policy":
-        raise invalid("PushWeights: header.target must be TARGET_POLICY (use UpdateDraft for the drafter)")
+        raise invalid_field("header.target", "must be TARGET_POLICY (use UpdateDraft for the drafter)", sep=" ",
+                            rpc="PushWeights")
     return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial)
 
 

@@ -9,9 +9,15 @@ from pathlib import Path
 
 import grpc
 
-from rollout_service.errors import ServiceError, invalid
+from rollout_service.errors import Name, ServiceError, about_field, invalid, invalid_field
 
 MAX_PATH_CHARS = 4096          # Linux PATH_MAX
+LOAD = Name("LoadWeights")
+
+
+def _bad_path(detail: str) -> ServiceError:
+    """INVALID_ARGUMENT about LoadWeightsRequest.path: "LoadWeights: path <detail>"."""
+    return invalid_field("path", detail, sep=" ", rpc="LoadWeights")
 
 
 def resolve_roots(roots: list[str]) -> list[Path]:
@@ -25,27 +31,27 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 def denied(path: str, resolved: str, roots: list[Path]) -> ServiceError:
     via = "" if resolved == path else f" (resolves to {resolved!r})"
-    return ServiceError(grpc.StatusCode.PERMISSION_DENIED,
-                        f"LoadWeights: path {path!r}{via} is outside security.weights_roots "
-                        f"{[str(r) for r in roots]}; start the server with --weights-root DIR (repeatable) or "
-                        "add DIR to security.weights_roots in its config file to allow a directory")
+    return about_field(grpc.StatusCode.PERMISSION_DENIED, "path",
+                       f"{path!r}{via} is outside security.weights_roots {[str(r) for r in roots]}; start the "
+                       "server with --weights-root DIR (repeatable) or add DIR to security.weights_roots in its "
+                       "config file to allow a directory", sep=" ", rpc="LoadWeights")
 
 
 def check_path(path: str, roots: list[Path]) -> Path:
     """`path` resolved (symlinks followed), if it lies inside one of `roots`; else PERMISSION_DENIED.
     A malformed path (empty, NUL, too long) is INVALID_ARGUMENT."""
     if not path:
-        raise invalid("LoadWeights: path is empty; give a safetensors file or a directory holding them")
+        raise _bad_path("is empty; give a safetensors file or a directory holding them")
     if "\0" in path:
-        raise invalid("LoadWeights: path contains a NUL character")
+        raise _bad_path("contains a NUL character")
     if len(path) > MAX_PATH_CHARS:
-        raise invalid(f"LoadWeights: path is {len(path)} characters long; at most {MAX_PATH_CHARS}")
+        raise _bad_path(f"is {len(path)} characters long; at most {MAX_PATH_CHARS}")
     if not os.path.isabs(path):
-        raise invalid(f"LoadWeights: path {path!r} must be absolute (the server has its own working directory)")
+        raise _bad_path(f"{path!r} must be absolute (the server has its own working directory)")
     try:
         resolved = Path(os.path.realpath(path))
     except (OSError, ValueError) as e:        # a symlink loop, a component too long
-        raise invalid(f"LoadWeights: path {path!r} cannot be resolved ({e})") from None
+        raise _bad_path(f"{path!r} cannot be resolved ({e})") from None
     if not _inside(resolved, roots):
         raise denied(path, str(resolved), roots)
     return resolved
@@ -58,20 +64,20 @@ def weight_files(path: str, roots: list[Path]) -> list[Path]:
     try:
         st = os.stat(resolved)
     except FileNotFoundError:
-        raise invalid(f"LoadWeights: path {path!r} does not exist on the server") from None
+        raise _bad_path(f"{path!r} does not exist on the server") from None
     except OSError as e:
-        raise invalid(f"LoadWeights: path {path!r}: {e}") from None
+        raise _bad_path(f"{path!r}: {e}") from None
     if stat.S_ISREG(st.st_mode):
         return [resolved]
     if not stat.S_ISDIR(st.st_mode):
-        raise invalid(f"LoadWeights: path {path!r} is a {kind(st.st_mode)}, not a regular file or a directory")
+        raise _bad_path(f"{path!r} is a {kind(st.st_mode)}, not a regular file or a directory")
     try:
         with os.scandir(resolved) as it:
             names = sorted(e.name for e in it if e.name.endswith(".safetensors"))
     except OSError as e:
-        raise invalid(f"LoadWeights: path {path!r}: cannot list the directory ({e})") from None
+        raise _bad_path(f"{path!r}: cannot list the directory ({e})") from None
     if not names:
-        raise invalid(f"LoadWeights: path {path!r}: no .safetensors file in the directory")
+        raise _bad_path(f"{path!r}: no .safetensors file in the directory")
     files = []
     for name in names:
         f = Path(os.path.realpath(resolved / name))
@@ -80,9 +86,9 @@ def weight_files(path: str, roots: list[Path]) -> list[Path]:
         try:
             mode = os.stat(f).st_mode
         except OSError as e:
-            raise invalid(f"LoadWeights: {str(resolved / name)!r}: {e}") from None
+            raise invalid((LOAD, f": {str(resolved / name)!r}: {e}")) from None
         if not stat.S_ISREG(mode):
-            raise invalid(f"LoadWeights: {str(resolved / name)!r} is a {kind(mode)}, not a regular file")
+            raise invalid((LOAD, f": {str(resolved / name)!r} is a {kind(mode)}, not a regular file"))
         files.append(f)
     return files
 

@@ -10,7 +10,7 @@ from typing import AsyncIterator
 
 import grpc
 
-from rollout_service.errors import ServiceError, invalid
+from rollout_service.errors import Name, ServiceError, invalid, invalid_field
 from rollout_service.weights.committer import WeightCommitter
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest
 from rollout_service.weights.paths import resolve_roots, weight_files
@@ -66,7 +66,8 @@ class Trailer:
 
 def _check_sha256(value: str, where: str) -> None:
     if len(value) != 64 or any(c not in "0123456789abcdefABCDEF" for c in value):
-        raise invalid(f"{where}.sha256 must be 64 hex characters (sha256 of all chunk data in stream order)")
+        raise invalid_field(f"{where}.sha256", "must be 64 hex characters (sha256 of all chunk data in stream order)",
+                            sep=" ")
 
 
 class WeightService:
@@ -84,7 +85,7 @@ class WeightService:
 
     def _check_header(self, h: Header) -> None:
         if h.version <= 0:
-            raise invalid(f"header.version must be > 0, got {h.version}")
+            raise invalid_field("header.version", f"must be > 0, got {h.version}", sep=" ")
         self.committer.check_version(h.target, h.version)
         if h.sha256:                    # empty: it comes in the trailer
             _check_sha256(h.sha256, "header")
@@ -113,7 +114,8 @@ class WeightService:
             if adding is not None:
                 await adding
             if not stager.sha256:
-                raise invalid("no sha256: set header.sha256, or end the stream with a trailer carrying it")
+                raise invalid(("no sha256: set ", Name("header.sha256"), ", or end the stream with a trailer "
+                               "carrying it"))
         except BaseException:
             if adding is not None:       # stream cut, bad chunk or cancelled: let the thread finish first
                 await asyncio.gather(adding, return_exceptions=True)
@@ -134,7 +136,7 @@ class WeightService:
         timeout: the request's remaining deadline (s) for reading the files; None waits as long as the caller."""
         t0 = time.perf_counter()
         if version <= 0:
-            raise invalid(f"version must be > 0, got {version}")
+            raise invalid_field("version", f"must be > 0, got {version}", sep=" ")
         self.committer.check_version(target, version)
         # Listing and reading may block (a stalled shared filesystem): in FILE_IO's threads, under the
         # deadline. Cancelled or timed out here, no lock was taken and nothing changed; a stuck read only
@@ -166,4 +168,4 @@ class WeightService:
         try:
             return files, read_headers(files), t_val
         except (OSError, ValueError) as e:      # unreadable, not safetensors
-            raise invalid(f"LoadWeights: path {path!r}: {e}") from None
+            raise invalid_field("path", f"{path!r}: {e}", sep=" ", rpc="LoadWeights") from None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rollout_service.engine.base import Engine, EngineState
-from rollout_service.errors import ServiceError, invalid
+from rollout_service.errors import Name, ServiceError, about_field, invalid_field
 from rollout_service.scratch import scratch_root, take_spare
 from rollout_service.weights.service import PushOutcome, WeightService
 from rollout_service.wire import ITEMSIZE
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 BUFFER_BYTES = 64 << 20          # the packed format's chunk size (rollout_client.transfer.DEFAULT_BUFFER_BYTES)
 MAX_TRAINER_RANKS = 4096
 MAX_BUFFER_BYTES = 16 << 30      # a chunk is held twice (two buffers) on every rank
+INIT, PUSH = Name("InitWeightTransfer"), Name("TransferWeights")     # the RPCs, as errors name them
 
 
 @dataclass
@@ -77,12 +78,13 @@ class WeightTransfer:
         self.timeout_s = timeout_s
         self.group: Group | None = None
         self.lock = asyncio.Lock()            # one init, push or close at a time
-        self.last_error = ""
+        self.last_error: tuple = ()           # the last failed push's error (its message's parts)
 
     def _busy(self, what: str) -> None:
         if self.lock.locked():
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"{what}: another weight transfer (set-up or push) is in flight; wait for it to end")
+                               (Name(what), ": another weight transfer (set-up or push) is in flight; wait for it to "
+                                "end"))
 
     # ---- the group ---------------------------------------------------------------------------------
     async def init(self, backend: str, address: str, port: int, trainer_ranks: int, timeout_s: float,
@@ -97,26 +99,27 @@ class WeightTransfer:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                "weight transfer is off on this server (engine.weight_transfer = none); use PushWeights")
         if backend not in ("", "auto", self.backend):
-            raise invalid(f"backend {backend!r}: this server's engines use {self.backend!r} "
-                          "(engine.weight_transfer); ask for it, or for \"auto\"")
+            raise invalid_field("backend", f"{backend!r}: this server's engines use {self.backend!r} "
+                                "(engine.weight_transfer); ask for it, or for \"auto\"", sep=" ")
         if not address:
-            raise invalid("master_address: required (where the trainer's rank 0 hosts the group's TCPStore)")
+            raise invalid_field("master_address", "required (where the trainer's rank 0 hosts the group's TCPStore)")
         if not 1 <= port <= 65535:
-            raise invalid(f"master_port must be in [1, 65535], got {port}")
+            raise invalid_field("master_port", f"must be in [1, 65535], got {port}", sep=" ")
         trainer_ranks = trainer_ranks or 1
         if not 1 <= trainer_ranks <= MAX_TRAINER_RANKS:
-            raise invalid(f"trainer_ranks must be in [1, {MAX_TRAINER_RANKS}], got {trainer_ranks}")
+            raise invalid_field("trainer_ranks", f"must be in [1, {MAX_TRAINER_RANKS}], got {trainer_ranks}", sep=" ")
         if timeout_s < 0:
-            raise invalid(f"timeout_s must be >= 0 (0: the server's {self.timeout_s:g} s), got {timeout_s}")
+            raise invalid_field("timeout_s", f"must be >= 0 (0: the server's {self.timeout_s:g} s), got {timeout_s}",
+                                sep=" ")
         if not 0 < buffer_bytes <= MAX_BUFFER_BYTES:
-            raise invalid(f"buffer_bytes must be in [1, {MAX_BUFFER_BYTES}], got {buffer_bytes}")
+            raise invalid_field("buffer_bytes", f"must be in [1, {MAX_BUFFER_BYTES}], got {buffer_bytes}", sep=" ")
         self._busy("InitWeightTransfer")
         async with self.lock:
             engines = list(self.pool.engines)
             not_ready = [e.id for e in engines if e.state not in (EngineState.READY, EngineState.PAUSED)]
             if not_ready:
-                raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"engines {not_ready} are not ready (starting or "
-                                                                "restarting); retry InitWeightTransfer shortly")
+                raise ServiceError(grpc.StatusCode.UNAVAILABLE, (f"engines {not_ready} are not ready (starting or "
+                                                                 "restarting); retry ", INIT, " shortly"))
             placed, offset = [], trainer_ranks
             for e in engines:
                 placed.append((e, offset, e.transfer_ranks()))
@@ -136,11 +139,11 @@ class WeightTransfer:
                 timed_out = isinstance(err, TimeoutError) or "timed out" in str(err).lower() or \
                     "timeout" in str(err).lower()
                 code = grpc.StatusCode.DEADLINE_EXCEEDED if timed_out else grpc.StatusCode.INTERNAL
-                raise ServiceError(code, f"InitWeightTransfer: {engine.id} could not join the {self.backend} group at "
-                                         f"{address}:{port} (world size {group.world_size}, its rank offset "
-                                         f"{dict((e.id, o) for e, o, _ in placed)[engine.id]}): "
-                                         f"{_short(err)}. Did every trainer rank 0..{trainer_ranks - 1} join within "
-                                         f"{group.timeout_s:g} s? No group is set up; nothing else changed")
+                raise ServiceError(code, (INIT, f": {engine.id} could not join the {self.backend} group at "
+                                          f"{address}:{port} (world size {group.world_size}, its rank offset "
+                                          f"{dict((e.id, o) for e, o, _ in placed)[engine.id]}): "
+                                          f"{_short(err)}. Did every trainer rank 0..{trainer_ranks - 1} join within "
+                                          f"{group.timeout_s:g} s? No group is set up; nothing else changed"))
             group.joined = True
             self.group = group
             self.pool.telemetry.transfer_group(group.world_size)
@@ -169,10 +172,13 @@ class WeightTransfer:
         t0 = time.perf_counter()
         group = self._check_group(group_id)
         if version <= 0:
-            raise invalid(f"version must be > 0, got {version}")
+            raise invalid_field("version", f"must be > 0, got {version}", sep=" ")
         self.weights.committer.check_version(target, version)
         names, total, kept = self._validate(metas, target, partial, group)
-        missing = self.weights.manifests[target].check_complete(names, partial, where="TransferWeights: ")
+        try:
+            missing = self.weights.manifests[target].check_complete(names, partial)
+        except ServiceError as e:
+            raise ServiceError(e.code, (PUSH, ": ", *e.parts), field=e.field) from None
         self._busy("TransferWeights")
         async with self.lock:
             group = self._check_group(group_id)          # again: a set-up may have replaced it meanwhile
@@ -194,9 +200,9 @@ class WeightTransfer:
                 ours = [e for e, _, _ in group.engines]
                 if set(map(id, engines)) != set(map(id, ours)):
                     raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                                       f"TransferWeights: the pool changed since the group was set up (engines now "
-                                       f"{[e.id for e in engines]}, in the group {[e.id for e in ours]}: one restarted "
-                                       "or was scaled); call InitWeightTransfer again")
+                                       (PUSH, ": the pool changed since the group was set up (engines now "
+                                        f"{[e.id for e in engines]}, in the group {[e.id for e in ours]}: one "
+                                        "restarted or was scaled); call ", INIT, " again"))
                 return [self._prepare_one(e, update_info, target, str(record) if i == 0 else "", started)
                         for i, e in enumerate(engines)]
             t_commit = time.perf_counter()
@@ -232,48 +238,54 @@ class WeightTransfer:
         except ServiceError as e:
             if e.code is not grpc.StatusCode.FAILED_PRECONDITION and self.group is group:
                 await self._close()
-                self.last_error = e.message
-                raise ServiceError(e.code, f"{e.message}. The weight-transfer group was closed (a collective cannot "
-                                           "resume half-way): call InitWeightTransfer again") from None
+                self.last_error = e.parts
+                raise ServiceError(e.code, (*e.parts, ". The weight-transfer group was closed (a collective cannot "
+                                            "resume half-way): call ", INIT, " again"), field=e.field) from None
             raise
 
     def _check_group(self, group_id: str) -> Group:
         g = self.group
         if g is None or not g.joined:
-            why = f" (the last push failed: {self.last_error})" if self.last_error else ""
+            why = (" (the last push failed: ", *self.last_error, ")") if self.last_error else ()
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"no weight-transfer group is set up{why}; call InitWeightTransfer first")
+                               ("no weight-transfer group is set up", *why, "; call ", INIT, " first"))
         if group_id and group_id != g.group_id:
-            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"group_id {group_id!r} is not the current weight-transfer group ({g.group_id!r}); "
-                               "it was replaced or closed: set it up again")
+            raise about_field(grpc.StatusCode.FAILED_PRECONDITION, "group_id",
+                              f"{group_id!r} is not the current weight-transfer group ({g.group_id!r}); it was "
+                              "replaced or closed: set it up again", sep=" ")
         dead = [e.id for e, _, _ in g.engines if e.state not in (EngineState.READY, EngineState.PAUSED)
                 or e not in self.pool.engines]
         if dead:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"engines {dead} left the weight-transfer group (restarted, unhealthy or scaled in); "
-                               "call InitWeightTransfer again")
+                               (f"engines {dead} left the weight-transfer group (restarted, unhealthy or scaled in); "
+                                "call ", INIT, " again"))
         return g
 
     def _validate(self, metas: list[Meta], target: str, partial: bool, group: Group):
         if not metas:
-            raise invalid("TransferWeights: tensors is empty; list every tensor the trainer ranks will send")
+            raise invalid_field("tensors", "is empty; list every tensor the trainer ranks will send", sep=" ",
+                                rpc="TransferWeights")
         manifest = self.weights.manifests[target]
         seen, kept, total = set(), [], 0
         for i, m in enumerate(metas):
-            where = f"TransferWeights: tensors[{i}] "
+            field = f"tensors[{i}]"
             if m.name in seen:
-                raise invalid(f"{where}{m.name!r} is listed twice")
+                raise invalid_field(field, f"{m.name!r} is listed twice", sep=" ", rpc="TransferWeights")
             seen.add(m.name)
             if m.dtype not in ITEMSIZE:
-                raise invalid(f"{where}{m.name!r}: dtype {m.dtype!r} unknown; use one of {sorted(ITEMSIZE)}")
+                raise invalid_field(field, f"{m.name!r}: dtype {m.dtype!r} unknown; use one of {sorted(ITEMSIZE)}",
+                                    sep=" ", rpc="TransferWeights")
             if any(d < 0 for d in m.shape):
-                raise invalid(f"{where}{m.name!r}: negative dimension in shape {list(m.shape)}")
+                raise invalid_field(field, f"{m.name!r}: negative dimension in shape {list(m.shape)}", sep=" ",
+                                    rpc="TransferWeights")
             if not 0 <= m.src_rank < group.trainer_ranks:
-                raise invalid(f"{where}{m.name!r}: src_rank {m.src_rank} is not a trainer rank of the group "
-                              f"(0..{group.trainer_ranks - 1})")
-            if manifest.check_tensor(m.name, m.dtype, m.shape, where=where):
-                kept.append(m.name)
+                raise invalid_field(field, f"{m.name!r}: src_rank {m.src_rank} is not a trainer rank of the group "
+                                           f"(0..{group.trainer_ranks - 1})", sep=" ", rpc="TransferWeights")
+            try:
+                if manifest.check_tensor(m.name, m.dtype, m.shape):
+                    kept.append(m.name)
+            except ServiceError as e:            # the manifest's text, about this entry of the request
+                raise ServiceError(e.code, (PUSH, ": ", Name(field), " ", *e.parts), field=field) from None
             total += ITEMSIZE[m.dtype] * math.prod(m.shape)
         return list(seen), total, kept
 

@@ -94,14 +94,15 @@ def test_openai_async_stream_and_chat(service):
                                                  extra_body={"return_token_ids": True,
                                                              "return_tokens_as_token_ids": True},
                                                  logprobs=1, stream_options={"include_usage": True})
-            finished, usage = {}, None
+            parts, usage = {}, None                  # a chunk per engine step and choice
             async for chunk in stream:
                 for c in chunk.choices:
-                    finished[c.index] = c
+                    parts.setdefault(c.index, []).append(c)
                 usage = chunk.usage or usage
-            assert sorted(finished) == [0, 1, 2] and usage.completion_tokens == sum(
-                len(c.token_ids) for c in finished.values())
-            assert all(c.logprobs.tokens[0].startswith("token_id:") for c in finished.values())
+            assert sorted(parts) == [0, 1, 2] and usage.completion_tokens == sum(
+                len(c.token_ids) for cs in parts.values() for c in cs)
+            assert all(cs[-1].finish_reason is not None for cs in parts.values())
+            assert all(t.startswith("token_id:") for cs in parts.values() for c in cs for t in c.logprobs.tokens)
             chat = await oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "2+2?"}],
                                                     max_tokens=5, logprobs=True)
             assert chat.choices[0].message.role == "assistant" and len(chat.choices[0].logprobs.content) >= 1

@@ -1,17 +1,22 @@
-"""Top-k log-probs and token streaming over gRPC on real vLLM engines (plain and speculative). Top-k log-probs are
-checked against an independent float32 forward pass (the processed distribution: temperature, top-k, top-p) within
-1e-3 nats."""
+"""Top-k log-probs, token streaming and multi-turn token exactness on real vLLM engines (plain and speculative),
+through gRPC, the `openai` package and SGLang's /generate. Top-k log-probs are checked against an independent
+float32 forward pass (the processed distribution: temperature, top-k, top-p) within 1e-3 nats."""
+import asyncio
+import json
 import time
 
 import grpc
+import httpx
 import numpy as np
+import openai
 import pytest
 import torch
 from rollout_client import RolloutClient, build_request
 from rollout_client.launcher import ServiceProcess
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_service.drafting.reference import processed_logprob_rows
+from rollout_tasks.chat import chat_token_ids
 from tests.tiny_models import perturbed_copy
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
@@ -22,6 +27,12 @@ K = 20              # the default max_top_logprobs
 @pytest.fixture(scope="module")
 def hf_model(tiny_model):
     return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    with httpx.Client(base_url=service.http, timeout=120) as c:
+        yield c
 
 
 def assert_top_k(model, prompt, token_ids, logprobs, top_ids, top_lps, temperature, top_k=0, top_p=1.0):
@@ -157,3 +168,122 @@ def test_a_slow_token_stream_reader_stalls_nothing(service, client):
         ids = [t for d in mine for t in d.token_ids.tolist()]
         assert ids == f.token_ids[:len(ids)].tolist()
     print(f"slow reader: {len(deltas)} deltas for 8 x 160 tokens")
+
+
+def sse(text: str) -> list[dict]:
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_openai_streams_token_by_token_with_top_k(service, hf_model):
+    async def main():
+        async with openai.AsyncOpenAI(base_url=service.http + "/v1", api_key="unused", max_retries=0) as oa:
+            whole = await oa.completions.create(model="m", prompt=PROMPTS[0], n=2, max_tokens=24, seed=4, logprobs=5,
+                                                extra_body={"ignore_eos": True, "return_token_ids": True})
+            stream = await oa.completions.create(model="m", prompt=PROMPTS[0], n=2, max_tokens=24, seed=4, logprobs=5,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True, "return_token_ids": True})
+            parts: dict[int, list] = {}
+            usage = None
+            async for chunk in stream:
+                for c in chunk.choices:
+                    parts.setdefault(c.index, []).append(c)
+                usage = chunk.usage or usage
+            assert usage.completion_tokens == 48
+            for w in whole.choices:
+                got = parts[w.index]
+                assert len(got) >= 6, "one chunk per engine step, not one at the end"
+                assert [c.finish_reason for c in got] == [None] * (len(got) - 1) + ["length"]
+                assert "".join(c.text for c in got) == w.text
+                assert [t for c in got for t in c.token_ids] == w.token_ids
+                tops = [d for c in got for d in c.logprobs.top_logprobs]
+                assert len(tops) == 24 and all(len(d) in (5, 6) for d in tops)     # the 5 best and the sampled one
+                for a, b in zip(tops, w.logprobs.top_logprobs):
+                    assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-4
+            chat = await oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "2+2?"}],
+                                                    max_tokens=12, seed=1, logprobs=True, top_logprobs=K,
+                                                    stream=True)
+            pieces = [c async for c in chat]
+            assert pieces[0].choices[0].delta.role == "assistant"
+            assert all(len(x.top_logprobs) == K for p in pieces for x in (p.choices[0].logprobs.content or []))
+    asyncio.run(main())
+
+
+def test_completions_top_k_with_token_ids_matches_the_forward_pass(service, hf_model):
+    with openai.OpenAI(base_url=service.http + "/v1", api_key="unused", max_retries=0) as oa:
+        out = oa.completions.create(model="m", prompt=PROMPTS[1], n=2, max_tokens=10, temperature=0.9, seed=2,
+                                    logprobs=K, extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                            "return_tokens_as_token_ids": True, "top_k": 30})
+        for c in out.choices:
+            rows = [sorted(((int(k.split(":")[1]), v) for k, v in d.items()), key=lambda kv: -kv[1])[:K]
+                    for d in c.logprobs.top_logprobs]
+            top_ids = [[t for t, _ in r] for r in rows]
+            top_lps = [[v if v > -9999 else -np.inf for _, v in r] for r in rows]
+            assert_top_k(hf_model, PROMPTS[1], c.token_ids, c.logprobs.token_logprobs, top_ids, top_lps, 0.9, 30)
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.completions.create(model="m", prompt=PROMPTS[1], logprobs=K + 1)
+        assert e.value.body["param"] == "logprobs" and "max_top_logprobs" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], logprobs=True,
+                                       top_logprobs=K + 1)
+        assert e.value.body["param"] == "top_logprobs"
+
+
+def test_sglang_top_k_and_stream(http, hf_model):
+    body = {"input_ids": PROMPTS[0], "return_logprob": True, "top_logprobs_num": 7,
+            "sampling_params": {"max_new_tokens": 16, "temperature": 1.0, "n": 2, "sampling_seed": 6,
+                                "ignore_eos": True}}
+    whole = http.post("/generate", json=body).json()
+    for out in whole:
+        meta = out["meta_info"]
+        top = meta["output_top_logprobs"]
+        assert_top_k(hf_model, PROMPTS[0], out["output_ids"], [x[0] for x in meta["output_token_logprobs"]],
+                     [[t for _, t, _ in pos] for pos in top], [[lp for lp, _, _ in pos] for pos in top], 1.0)
+    r = http.post("/generate", json=body | {"stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks = sse(r.text)
+    assert r.headers["x-rollout-policy-version"] == whole[0]["meta_info"]["weight_version"]
+    for i, out in enumerate(whole):
+        mine = [c for c in chunks if c["index"] == i]
+        assert len(mine) >= 4 and all(c["meta_info"]["finish_reason"] is None for c in mine[:-1])
+        assert mine[-1]["output_ids"] == out["output_ids"] and mine[-1]["text"] == out["text"]
+        assert mine[-1]["meta_info"]["output_top_logprobs"] == out["meta_info"]["output_top_logprobs"]
+        assert all(out["output_ids"][:len(c["output_ids"])] == c["output_ids"] for c in mine)
+
+
+def test_multi_turn_token_ids_need_no_retokenising(service, client, hf_model, tiny_model):
+    """Turn 1 over the chat dialect returns the prompt's and the completion's token ids. Turn 2 sends exactly those
+    ids back (plus the next user turn's) as a token prompt: the service conditions on exactly them (they come back
+    unchanged, and the continuation's log-probs are the forward pass's on them), while decoding the history and
+    tokenising it again would give other ids: a different context than the policy sampled in."""
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    with openai.OpenAI(base_url=service.http + "/v1", api_key="unused", max_retries=0) as oa:
+        turn1 = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "Count to five."}],
+                                           n=8, max_tokens=24, temperature=1.0, seed=12)
+        prompt1 = turn1.prompt_token_ids
+        assert prompt1 == chat_token_ids(tok, [{"role": "user", "content": "Count to five."}])
+        histories = [prompt1 + c.token_ids for c in turn1.choices]
+        differs = [h for h in histories if tok(tok.decode(h), add_special_tokens=False)["input_ids"] != h]
+        assert differs, "some sampled history must not survive decode + encode (else this proves nothing)"
+        history = differs[0]
+        user2 = tok("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n",
+                    add_special_tokens=False)["input_ids"]
+        ids = history + user2
+        out = oa.completions.create(model="m", prompt=ids, max_tokens=8, temperature=1.0, seed=1, logprobs=0,
+                                    extra_body={"return_token_ids": True, "ignore_eos": True})
+        c = out.choices[0]
+        assert c.prompt_token_ids == ids
+        ref = processed_logprob_rows(hf_model, ids, c.token_ids, 1.0, 0, 1.0)
+        exact = ref.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0].numpy()
+        np.testing.assert_allclose(c.logprobs.token_logprobs, exact, atol=TOL, rtol=0)
+        retok = tok(tok.decode(history), add_special_tokens=False)["input_ids"] + user2
+        other = processed_logprob_rows(hf_model, retok, c.token_ids, 1.0, 0, 1.0)
+        moved = other.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0].numpy()
+        # the served log-probs are not those of the re-tokenised context (a tiny random model barely depends on
+        # its context: 0.009 nats here, still 9x the tolerance the exact ids meet)
+        assert np.abs(np.asarray(c.logprobs.token_logprobs) - moved).max() > 3 * TOL
+    # gRPC is token-in/token-out already: the same ids, the same continuation
+    s = client.generate_all([ids], max_tokens=8, temperature=1.0, seed=1, ignore_eos=True)[0][0]
+    np.testing.assert_allclose(s.logprobs, processed_logprob_rows(hf_model, ids, s.token_ids.tolist(), 1.0, 0, 1.0)
+                               .gather(-1, torch.tensor(s.token_ids)[:, None])[:, 0].numpy(), atol=TOL, rtol=0)

@@ -120,7 +120,7 @@ def test_errors_name_the_dialects_fields_and_change_nothing(make):
                  ({"prompt": [1], "max_tokens": 0}, "max_tokens"),
                  ({"prompt": [1, 1000]}, "prompt[0].token_ids"),
                  ({"prompt": {"x": 1}}, "prompt"),
-                 ({"prompt": [1], "logprobs": 5}, "logprobs"),
+                 ({"prompt": [1], "logprobs": 25}, "logprobs"),
                  ({"prompt": [1], "n": "2"}, "n"),
                  ({"prompt": [1], "frequency_penalty": 0.5}, "frequency_penalty")]
         for body, field in cases:
@@ -145,19 +145,27 @@ def test_errors_name_the_dialects_fields_and_change_nothing(make):
     asyncio.run(main())
 
 
-def test_stream_sends_one_chunk_per_sample_then_usage_and_done(make):
+def test_stream_sends_a_chunk_per_step_then_the_rest_usage_and_done(make):
     async def main():
         _, _, c = await make()
         r = await c.post("/v1/completions", json={"prompt": [3, 4], "n": 3, "max_tokens": 5, "stream": True,
+                                                  "return_token_ids": True,
                                                   "stream_options": {"include_usage": True}})
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["x-rollout-policy-version"] == "0"
         events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
-        chunks = [json.loads(e) for e in events[:-1]]
-        assert sorted(ch["choices"][0]["index"] for ch in chunks[:3]) == [0, 1, 2]
-        assert all(ch["choices"][0]["finish_reason"] == "length" for ch in chunks[:3])
-        assert chunks[3]["usage"]["completion_tokens"] == 15
+        chunks = [json.loads(e) for e in events[:-2]]
+        by_choice: dict[int, list[dict]] = {}
+        for ch in chunks:
+            by_choice.setdefault(ch["choices"][0]["index"], []).append(ch["choices"][0])
+        assert sorted(by_choice) == [0, 1, 2]
+        for parts in by_choice.values():
+            assert len(parts) >= 2                                  # token by token, not one chunk at the end
+            assert [p["finish_reason"] for p in parts] == [None] * (len(parts) - 1) + ["length"]
+            assert len([t for p in parts for t in p["token_ids"]]) == 5
+            assert "".join(p["text"] for p in parts).split() == [f"w{t}" for p in parts for t in p["token_ids"]]
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == 15
     asyncio.run(main())
 
 
@@ -411,3 +419,120 @@ def test_vllm_weight_update_while_paused_keep_commits_in_keep_mode(make):
         assert (await c.post("/resume")).status_code == 200
         assert e.state is EngineState.READY and e.weights["a.weight"].sum() == 24
     asyncio.run(main())
+
+
+async def _error(c, path: str, body: dict) -> tuple[int, str, str | None]:
+    r = await c.post(path, json=body)
+    err = r.json()["error"]
+    return r.status_code, err["message"], err["param"]
+
+
+def test_a_validation_error_reaches_each_dialect_spelled_its_way(make):
+    """The same refusal (validation.py's, about one field of the contract) in each dialect: the field spelled
+    as the dialect spells it, in the message and in OpenAI's error.param; the rest of gRPC's text unchanged."""
+    async def main():
+        _, _, c = await make()
+        messages = [{"role": "user", "content": "hi"}]
+        for path, body, field in [
+                ("/v1/completions", {"prompt": [1], "max_tokens": 0}, "max_tokens"),
+                ("/v1/chat/completions", {"messages": messages, "max_tokens": 0}, "max_tokens"),
+                ("/inference/v1/generate", {"token_ids": [1], "sampling_params": {"max_tokens": 0}},
+                 "sampling_params.max_tokens"),
+                ("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 0}},
+                 "sampling_params.max_new_tokens")]:
+            assert await _error(c, path, body) == (400, f"{field}: must be >= 1, got 0", field), path
+        vocab = ": 1000 is outside the vocabulary [0, 100)"
+        assert await _error(c, "/v1/completions", {"prompt": [[1], [1, 1000]]}) == (
+            400, "prompt[1].token_ids" + vocab, "prompt[1].token_ids")
+        assert await _error(c, "/generate", {"input_ids": [[1], [1, 1000]]}) == (
+            400, "input_ids[1].token_ids" + vocab, "input_ids[1].token_ids")
+        assert await _error(c, "/v1/completions", {"prompt": [1], "n": 9}) == (
+            400, "n: 9 exceeds max_samples_per_prompt=8", "n")
+        assert await _error(c, "/generate", {"input_ids": [1], "sampling_params": {"n": 9}}) == (
+            400, "sampling_params.n: 9 exceeds max_samples_per_prompt=8", "sampling_params.n")
+        assert await _error(c, "/v1/completions", {"prompt": [1], "top_p": 0}) == (
+            400, "top_p: must be in (0, 1], got 0.0", "top_p")
+        assert await _error(c, "/generate", {"input_ids": [1], "rid": "a b"}) == (
+            400, "rid: at most 128 printable ASCII characters without spaces", "rid")
+    asyncio.run(main())
+
+
+def test_a_second_field_in_the_text_is_spelled_the_dialects_way_too(make):
+    """prompts[i]'s refusal mentions sampling.max_tokens: both names come in the dialect's spelling."""
+    async def main():
+        _, _, c = await make()
+        tail = "=10 exceed the context length 256; shorten the prompt or lower "
+        assert await _error(c, "/v1/completions", {"prompt": [[1], [1] * 250], "max_tokens": 10}) == (
+            400, f"prompt[1]: 250 prompt tokens + max_tokens{tail}max_tokens", "prompt[1]")
+        assert await _error(c, "/generate", {"input_ids": [[1], [1] * 250],
+                                             "sampling_params": {"max_new_tokens": 10}}) == (
+            400, f"input_ids[1]: 250 prompt tokens + sampling_params.max_new_tokens{tail}"
+                 "sampling_params.max_new_tokens", "input_ids[1]")
+        assert await _error(c, "/inference/v1/generate", {"token_ids": [1] * 250,
+                                                          "sampling_params": {"max_tokens": 10}}) == (
+            400, f"token_ids: 250 prompt tokens + sampling_params.max_tokens{tail}sampling_params.max_tokens",
+            "token_ids")
+    asyncio.run(main())
+
+
+def test_errors_about_weights_spell_the_endpoints_fields(make, tmp_path):
+    async def main():
+        _, _, c = await make(transfer=True)
+        assert await _error(c, "/update_weights", {"weight_dir": "relative/dir"}) == (
+            400, "update_weights: weight_dir 'relative/dir' must be absolute (the server has its own working "
+                 "directory)", "weight_dir")
+        r = await c.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")})
+        assert r.status_code == 400
+        nope = str(tmp_path / "nope")
+        assert r.json()["message"] == f"update_weights_from_disk: model_path {nope!r} does not exist on the server"
+        assert await _error(c, "/init_weight_transfer_engine", {"init_info": INIT | {"master_port": 0}}) == (
+            400, "init_info.master_port must be in [1, 65535], got 0", "init_info.master_port")
+    asyncio.run(main())
+
+
+def test_from_service_error_spells_names_never_the_text():
+    """Only the structured names are spelled: a field-less error passes through as gRPC gives it, even where
+    its text happens to contain a field's path."""
+    import grpc
+
+    from rollout_service.errors import Name, ServiceError, invalid_field, refused_by_engine
+    from rollout_service.server.compat import sglang_api, vllm_api, vllm_transfer
+    from rollout_service.server.compat.gateway import from_service_error, spell
+
+    plain = ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full: prompts[0] of sampling.max_tokens; n: 3")
+    for spelling in (vllm_api.SPELLING, sglang_api.SPELLING, vllm_transfer.SPELLING, None):
+        err = from_service_error(plain, spelling)
+        assert (err.status, err.message, err.param) == (429, plain.message, None)
+
+    e = invalid_field("sampling.top_k", "must be -1 or 0 (disabled) or >= 1, got -2")
+    assert e.message == "sampling.top_k: must be -1 or 0 (disabled) or >= 1, got -2"     # gRPC's text
+    for spelling, name in [(vllm_api.SPELLING, "top_k"), (sglang_api.SPELLING, "sampling_params.top_k"),
+                           (vllm_api.GENERATE_SPELLING, "sampling_params.top_k"), (None, "sampling.top_k")]:
+        err = from_service_error(e, spelling)
+        assert (err.message, err.param) == (f"{name}: must be -1 or 0 (disabled) or >= 1, got -2", name)
+
+    # a name whose gRPC text is not its path ("lower max_tokens"): kept where the dialect has no spelling for it
+    e = invalid_field("sampling.max_tokens", "lower ", Name("sampling.max_tokens", "max_tokens"))
+    assert e.message == "sampling.max_tokens: lower max_tokens"
+    assert from_service_error(e, sglang_api.SPELLING).message == \
+        "sampling_params.max_new_tokens: lower sampling_params.max_new_tokens"
+    assert from_service_error(e, {}).message == e.message
+
+    class VLLMClientError(Exception):
+        pass
+
+    class VLLMValidationError(VLLMClientError):
+        parameter = "max_tokens"
+    err = from_service_error(refused_by_engine(VLLMValidationError("too many")), sglang_api.SPELLING)
+    assert err.message.startswith("sampling_params.max_new_tokens: the engine refused it (too many)")
+    assert err.param == "sampling_params.max_new_tokens"
+
+    # spell: the longest key that is the name or a leading part of it ending at a "." or "["
+    assert spell("prompts[3].token_ids", vllm_api.SPELLING) == "prompt[3].token_ids"
+    assert spell("prompts", vllm_api.SPELLING) == "prompt"
+    assert spell("prompts_x", vllm_api.SPELLING) is None
+    assert spell("sampling.max_tokens", vllm_api.SPELLING) == "max_tokens"
+    assert spell("sampling.stop", vllm_api.SPELLING) == "stop"
+    assert spell("n", sglang_api.SPELLING) == "sampling_params.n"
+    assert spell("nonce", sglang_api.SPELLING) is None
+    assert spell("prompts[0].token_ids", vllm_api.CHAT_SPELLING) == "messages.token_ids"

@@ -1,7 +1,8 @@
 """Token streaming and top-k log-probs on FakeEngine (no vLLM): the record's deltas (a slow reader gets the steps
-it missed in one delta), the contract's limits, the proto and client shapes. Real engines and the independent
-forward pass: tests/integration/test_tokens_and_topk.py."""
+it missed in one delta), the contract's limits, the proto and client shapes, and the dialects' fields and errors.
+Real engines, the independent forward pass and the `openai` package: tests/integration/test_tokens_and_topk.py."""
 import asyncio
+import json
 import math
 
 import grpc
@@ -17,6 +18,7 @@ from rollout_service.pool.requests import IndexedDelta, IndexedResult, Progress,
 from rollout_service.server.convert import delta_to_proto, sample_to_proto
 from rollout_service.validation import Limits, check_generate
 from tests.fake_engine import FakeEngine
+from tests.unit.test_http_dialects import make  # noqa: F401 - the HTTP app fixture
 
 MODEL = ModelInfo(path="m", vocab_size=100, max_model_len=256, tokenizer=None)
 
@@ -32,7 +34,7 @@ def test_top_logprobs_and_stream_tokens_reach_the_sequences_and_the_limit_names_
     for bad in (21, -1, 2**31 - 1):
         with pytest.raises(ServiceError) as e:
             check(top_logprobs=bad)
-        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.field == "top_logprobs"
         assert e.value.message == (f"top_logprobs: must be in [0, 20] (the server's max_top_logprobs), got {bad}")
 
 
@@ -109,3 +111,118 @@ def test_proto_and_client_shapes():
     ds = Sample.from_proto(d)
     assert ds.delta and ds.delta_start == 7 and ds.policy_version == 5 and ds.version_spans == [(5, 7)]
     assert ds.finish_reason == "unspecified" and ds.top_token_ids.tolist() == [[3, 2]]
+
+
+def sse(text: str) -> list:
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_dialects_serve_top_k_in_their_own_shapes(make):  # noqa: F811
+    async def main():
+        _, _, c = await make()
+        # FakeEngine's top-k: the sampled token, then the ids after it
+        r = await c.post("/v1/completions", json={"prompt": [3], "max_tokens": 3, "logprobs": 4,
+                                                  "return_token_ids": True, "return_tokens_as_token_ids": True})
+        ch = r.json()["choices"][0]
+        assert r.status_code == 200 and all(len(d) == 4 for d in ch["logprobs"]["top_logprobs"])
+        assert list(ch["logprobs"]["top_logprobs"][0]) == [f"token_id:{(ch['token_ids'][0] + j) % 100}"
+                                                            for j in range(4)]
+        r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}],
+                                                       "max_tokens": 2, "logprobs": True, "top_logprobs": 5})
+        ch = r.json()["choices"][0]
+        assert r.status_code == 200 and [len(x["top_logprobs"]) for x in ch["logprobs"]["content"]] == [5, 5]
+        r = await c.post("/inference/v1/generate", json={"token_ids": [4], "sampling_params": {"max_tokens": 2,
+                                                                                               "logprobs": 3}})
+        assert [len(x["top_logprobs"]) for x in r.json()["choices"][0]["logprobs"]["content"]] == [3, 3]
+        r = await c.post("/generate", json={"input_ids": [1], "return_logprob": True, "top_logprobs_num": 3,
+                                            "sampling_params": {"max_new_tokens": 2}})
+        meta = r.json()["meta_info"]
+        assert [[t for _, t, _ in pos] for pos in meta["output_top_logprobs"]] == [
+            [(t + j) % 100 for j in range(3)] for t in r.json()["output_ids"]]
+        assert "output_top_logprobs" not in (await c.post("/generate", json={
+            "input_ids": [1], "return_logprob": True, "sampling_params": {"max_new_tokens": 2}})).json()["meta_info"]
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": [1], "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": [1], "logprobs": -2}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ("/inference/v1/generate", {"token_ids": [1], "sampling_params": {"logprobs": 99}}, "sampling_params.logprobs"),
+    ("/generate", {"input_ids": [1], "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
+])
+def test_top_k_above_the_limit_is_400_naming_the_dialects_field(make, path, body, param):  # noqa: F811
+    async def main():
+        _, _, c = await make()
+        r = await c.post(path, json=body)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param, r.text
+        assert err["message"].startswith(f"{param}: must be in [0, 20] (the server's max_top_logprobs)")
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, "top_logprobs"),
+    ("/generate", {"input_ids": [1], "top_logprobs_num": 2}, "top_logprobs_num"),
+])
+def test_top_k_without_logprobs_is_400(make, path, body, param):  # noqa: F811
+    async def main():
+        _, _, c = await make()
+        r = await c.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    asyncio.run(main())
+
+
+def test_chat_stream_sends_the_role_once_and_token_ids_on_every_answer(make):  # noqa: F811
+    async def main():
+        _, _, c = await make()
+        msgs = [{"role": "user", "content": "a bb"}]
+        r = await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "stream": True,
+                                                       "logprobs": True, "top_logprobs": 2})
+        chunks = [ch for ch in sse(r.text) if ch["choices"]]
+        deltas = [ch["choices"][0]["delta"] for ch in chunks]
+        assert len(chunks) >= 2 and deltas[0]["role"] == "assistant" and all("role" not in d for d in deltas[1:])
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert len([t for ch in chunks for t in ch["choices"][0]["token_ids"]]) == 4
+        assert all(len(x["top_logprobs"]) == 2 for ch in chunks for x in ch["choices"][0]["logprobs"]["content"])
+        assert all(ch["prompt_token_ids"] == [1, 1, 2, 2] for ch in chunks)
+        body = (await c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2})).json()
+        assert body["prompt_token_ids"] == [1, 1, 2, 2] and len(body["choices"][0]["token_ids"]) == 2
+    asyncio.run(main())
+
+
+def test_sglang_stream_sends_the_sample_so_far_per_step(make):  # noqa: F811
+    async def main():
+        _, _, c = await make()
+        r = await c.post("/generate", json={"input_ids": [[1], [2]], "stream": True, "return_logprob": True,
+                                            "sampling_params": {"max_new_tokens": 4}})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        chunks = sse(r.text)
+        for index in (0, 1):
+            mine = [ch for ch in chunks if ch["index"] == index]
+            assert len(mine) >= 2
+            assert [len(ch["output_ids"]) for ch in mine] == sorted(len(ch["output_ids"]) for ch in mine)
+            assert all(ch["meta_info"]["finish_reason"] is None for ch in mine[:-1])
+            last = mine[-1]
+            assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+            assert all(last["output_ids"][:len(ch["output_ids"])] == ch["output_ids"] for ch in mine)
+            assert len(last["meta_info"]["output_token_logprobs"]) == 4
+    asyncio.run(main())
+
+
+def test_stream_text_sends_whole_characters_and_adds_up_to_the_text():
+    from rollout_service.server.compat.gateway import StreamText
+
+    pieces = [b"He", b"llo", b" w", b"\xc3", b"\xa9", b"rld", b" \xe2\x9c", b"\x93"]     # "é" and "✓" split
+
+    def decode(ids):
+        return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+    st = StreamText(decode)
+    sent = [st.step([i]) for i in range(len(pieces))]
+    assert sent == ["He", "llo", " w", "", "é", "rld", "", " ✓"]
+    assert "".join(sent) == st.sent == decode(range(len(pieces)))
+    assert st.finish(decode(range(len(pieces)))) == ""

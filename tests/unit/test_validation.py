@@ -2,7 +2,7 @@ import grpc
 import pytest
 
 from rollout_client import build_request
-from rollout_service.errors import ServiceError
+from rollout_service.errors import Name, ServiceError
 from rollout_service.model_info import ModelInfo
 from rollout_service.validation import Limits, check_generate, sample_seed
 
@@ -74,3 +74,35 @@ def test_vllms_boundaries_pass():
         assert check([[1]], temperature=t).groups[0][0].temperature >= 0
     for top_k in (-1, 0, 1, 10**6):
         check([[1]], top_k=top_k)
+
+
+@pytest.mark.parametrize("prompts,kw,field", [
+    ([[1, 100]], {}, "prompts[0].token_ids"),
+    ([[1], [1] * 250], {"max_tokens": 10}, "prompts[1]"),
+    ([[1]] * 5, {}, "prompts"),
+    ([[1]], {"n": 9}, "n"),
+    ([[1]], {"temperature": 2.5}, "sampling.temperature"),
+    ([[1]], {"max_tokens": 0}, "sampling.max_tokens"),
+    ([[1]], {"request_id": "a b"}, "request_id"),
+])
+def test_rejections_carry_the_field_as_data(prompts, kw, field):
+    """The field at fault is data (what the HTTP dialects spell their way), and gRPC's text reads
+    "field: detail" as it always did."""
+    with pytest.raises(ServiceError) as e:
+        check(prompts, **kw)
+    assert e.value.field == field and e.value.message.startswith(f"{field}: ")
+    assert Name(field) in e.value.parts
+
+
+def test_a_second_field_in_the_detail_is_a_name():
+    limits = Limits(max_prompts_per_request=4, max_samples_per_prompt=8, max_new_tokens=50)
+    with pytest.raises(ServiceError) as e:
+        check_generate(build_request([[1] * 250], max_tokens=10), MODEL, limits)
+    assert e.value.message == ("prompts[0]: 250 prompt tokens + sampling.max_tokens=10 exceed the context length 256; "
+                               "shorten the prompt or lower max_tokens")
+    assert [p.path for p in e.value.parts if isinstance(p, Name)] == ["prompts[0]", "sampling.max_tokens",
+                                                                       "sampling.max_tokens"]
+    with pytest.raises(ServiceError) as e:
+        check_generate(build_request([[1]], max_tokens=60), MODEL, limits)
+    assert e.value.message == "sampling.max_tokens: 60 exceeds the server's max_new_tokens=50; lower max_tokens"
+    assert e.value.parts[-1] == Name("sampling.max_tokens", "max_tokens")

@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from rollout_service.api import pb
-from rollout_service.errors import ServiceError
-from rollout_service.pool.requests import IndexedResult
+from rollout_service.errors import Name, ServiceError
+from rollout_service.pool.requests import IndexedDelta, IndexedResult
 from rollout_service.server.grpc_service import TOKENIZER
 from rollout_service.validation import CheckedRequest
 from rollout_service.wire import IN_FLIGHT_MODES
@@ -31,25 +31,51 @@ HTTP_STATUS = {
     grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
+MIN_LOGPROB = -9999.0          # vLLM's JSON for a log-prob of -inf (a token that top-k / top-p rules out)
 ERROR_TYPE = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
               404: "NotFoundError", 409: "ConflictError", 429: "RateLimitError", 501: "NotImplementedError",
               503: "ServiceUnavailableError"}
 
 
+# How a dialect spells the contract's names (field paths, RPCs): each key is a whole name or a leading part of
+# one that ends where a path component does ("sampling." or "prompts[", or "prompts" before a "." or "["); the
+# longest key that fits is replaced by its value. {"sampling.max_tokens": "max_tokens", "sampling.": ""} spells
+# sampling.max_tokens "max_tokens" and sampling.top_p "top_p"; {"prompts": "prompt"} spells prompts[3].token_ids
+# "prompt[3].token_ids". A name no key fits is spelled as gRPC spells it.
+Spelling = Mapping[str, str]
+
+
+def spell(path: str, spelling: Spelling) -> str | None:
+    """`path` (a contract name) as the dialect spells it; None where no key of `spelling` fits it."""
+    best = None
+    for key in spelling:
+        fits = path == key or (path.startswith(key) and (key[-1:] in (".", "[") or path[len(key)] in ".["))
+        if fits and (best is None or len(key) > len(best)):
+            best = key
+    return None if best is None else spelling[best] + path[len(best):]
+
+
 class DialectError(Exception):
-    """A request a dialect cannot serve as sent: an HTTP status and a message naming the field."""
+    """A request a dialect cannot serve as sent: an HTTP status, a message naming the field, and the field
+    (OpenAI's error.param) as the dialect spells it."""
 
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
 
 
-def from_service_error(e: ServiceError, renames: tuple[tuple[str, str], ...] = ()) -> DialectError:
-    """The same message as gRPC gives, with the field names spelled as the dialect spells them."""
-    message = e.message
-    for ours, theirs in renames:
-        message = message.replace(ours, theirs)
-    return DialectError(HTTP_STATUS.get(e.code, 500), message)
+def from_service_error(e: ServiceError, spelling: Spelling | None = None) -> DialectError:
+    """The error gRPC gives, its contract names (the field at fault, the fields and RPCs it mentions) spelled
+    as the dialect spells them; param: the field at fault. The rest of the text is gRPC's, unchanged."""
+    spelling = spelling or {}
+
+    def text(part) -> str:
+        if isinstance(part, Name):
+            theirs = spell(part.path, spelling)
+            return str(part) if theirs is None else theirs
+        return part
+    param = None if e.field is None else spell(e.field, spelling) or e.field
+    return DialectError(HTTP_STATUS.get(e.code, 500), "".join(map(text, e.parts)), param)
 
 
 def error_response(e: DialectError) -> JSONResponse:
@@ -78,6 +104,34 @@ def rollout_headers(results) -> dict[str, str]:
             "x-rollout-num-accepted": str(sum(r.num_accepted for r in rs))}
 
 
+class StreamText:
+    """A streamed sample's text, piece by piece, decoding a few tokens per step (as vLLM's incremental detokenizer
+    does, not the whole sample every step): the tokens since the last piece, decoded after the ones of the piece
+    before (so that a word's leading space and a character split over tokens come out right), minus the text those
+    decode to. An incomplete character (U+FFFD at the end) waits for its next token. `sent`: the text so far."""
+
+    def __init__(self, decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.prefix = self.read = 0          # ids[prefix:read]: the last piece's tokens, decoded again as context
+        self.sent = ""
+
+    def step(self, new_ids: list[int]) -> str:
+        self.ids += new_ids
+        before = self.decode(self.ids[self.prefix:self.read])
+        text = self.decode(self.ids[self.prefix:])
+        if len(text) <= len(before) or text.endswith("\ufffd") or not text.startswith(before):
+            return ""
+        piece = text[len(before):]
+        self.prefix, self.read = self.read, len(self.ids)
+        self.sent += piece
+        return piece
+
+    def finish(self, final_text: str) -> str:
+        """The rest of the whole sample's text (empty where the pieces sent do not lead it)."""
+        return final_text[len(self.sent):] if final_text.startswith(self.sent) else ""
+
+
 class Gateway:
     """The servicer's data and control plane, called from HTTP handlers."""
 
@@ -97,22 +151,22 @@ class Gateway:
                 "x-rollout-draft-version": str(self.pool.draft_version)}
 
     @contextlib.asynccontextmanager
-    async def generate(self, request: pb.GenerateRequest,
-                       renames: tuple[tuple[str, str], ...] = ()
-                       ) -> AsyncIterator[tuple[CheckedRequest, AsyncIterator[IndexedResult]]]:
-        """Admit `request` exactly as gRPC Generate does; yield (checked, samples as they finish). Leaving the
-        block before the last sample (the HTTP client went away) aborts the engine work, as a cancelled
-        stream does. Raises DialectError for a refusal at admission; errors after it stay ServiceError."""
+    async def generate(self, request: pb.GenerateRequest, spelling: Spelling | None = None, deltas: bool = False
+                       ) -> AsyncIterator[tuple[CheckedRequest, AsyncIterator[IndexedResult | IndexedDelta]]]:
+        """Admit `request` exactly as gRPC Generate does; yield (checked, samples as they finish; with deltas and
+        request.stream_tokens also each unfinished sample's new tokens, as IndexedDelta). Leaving the block before
+        the last sample (the HTTP client went away) aborts the engine work, as a cancelled stream does. Raises
+        DialectError for a refusal at admission; errors after it stay ServiceError."""
         telemetry = self.pool.telemetry
         try:
             checked, record = await self.servicer.admit(request)
         except ServiceError as e:
             telemetry.m_requests.labels(e.code.name).inc()
-            raise from_service_error(e, renames) from None
+            raise from_service_error(e, spelling) from None
         self.pool.attach(record)
         code = "OK"
         try:
-            yield checked, record.read()
+            yield checked, record.read(deltas=deltas)
         except ServiceError as e:
             code = e.code.name
             raise
@@ -131,16 +185,17 @@ class Gateway:
         """Tokenizer work (decoding, chat templates) off the event loop, on the thread gRPC uses for it."""
         return await asyncio.get_running_loop().run_in_executor(TOKENIZER, fn, *args)
 
-    async def load_policy(self, path: str, version: int | None, mode: str, where: str) -> dict:
+    async def load_policy(self, path: str, version: int | None, mode: str, spelling: Spelling) -> dict:
         """Weights from a path: LoadWeights' validated, all-or-nothing commit (security.weights_roots apply).
-        version None: the next integer after the serving one."""
+        version None: the next integer after the serving one. spelling: the endpoint's names for LoadWeights and
+        its fields (path, version)."""
         weights = self.servicer.weights
         if version is None:
             version = self.pool.policy_version + 1
         try:
             out = await weights.load(path, version, "policy", mode, False)
         except ServiceError as e:
-            raise from_service_error(e, (("LoadWeights: ", f"{where}: "),)) from None
+            raise from_service_error(e, spelling) from None
         return {"version": out.version, "num_tensors": out.num_tensors, "num_bytes": out.num_bytes,
                 "total_s": round(out.total_s, 3), "pause_s": round(out.pause_s, 3)}
 

@@ -5,16 +5,21 @@
 """
 from __future__ import annotations
 
+import json
 import uuid
 
 import grpc
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollout_service.api import pb
+from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
+from rollout_service.pool.requests import IndexedDelta, IndexedResult, Progress
 from rollout_service.server.compat.gateway import (
+    MIN_LOGPROB,
     DialectError,
+    StreamText,
     Fields,
     Gateway,
     add_not_served,
@@ -31,8 +36,12 @@ from rollout_service.server.compat.gateway import (
 )
 
 router = APIRouter()
-RENAMES = (("sampling.max_tokens", "sampling_params.max_new_tokens"), ("sampling.", "sampling_params."),
-           ("prompts[", "input_ids["), ("n: ", "sampling_params.n: "))
+# the contract's names as /generate spells them (gateway.spell)
+SPELLING = {"sampling.max_tokens": "sampling_params.max_new_tokens", "sampling.": "sampling_params.",
+            "prompts[": "input_ids[", "n": "sampling_params.n", "request_id": "rid",
+            "top_logprobs": "top_logprobs_num"}
+# and as /update_weights_from_disk does (LoadWeights)
+LOAD_SPELLING = {"LoadWeights": "update_weights_from_disk", "path": "model_path", "version": "weight_version"}
 # SGLang's pause modes -> the engines' in-flight modes
 PAUSE_MODES = {"abort": "abort", "in_place": "keep", "retract": "keep"}
 
@@ -77,16 +86,20 @@ def parse_generate(body: dict) -> tuple[pb.GenerateRequest, bool, bool, bool]:
         if not isinstance(rid, str):
             raise DialectError(400, "rid: one string for the request (a list per prompt is not supported)", "rid")
         req.request_id = rid
-    if f.bool("stream"):
-        raise DialectError(400, "stream: not served in the SGLang dialect; use /v1/completions with "
-                                "\"stream\": true", "stream")
     f.unsupported("return_text_in_logprobs", False, "token texts in log-probs are not served")
     f.unsupported("logprob_start_len", -1, "prompt log-probs are not served")
-    f.unsupported("top_logprobs_num", 0, "only the sampled token's log-prob is served")
-    return req, batched, f.bool("return_logprob"), False
+    top = f.int("top_logprobs_num", 0)
+    if top and not f.bool("return_logprob"):
+        raise DialectError(400, "top_logprobs_num: needs \"return_logprob\": true", "top_logprobs_num")
+    req.top_logprobs = max(min(top, 2**31 - 1), -(2**31))          # validation names the range
+    stream = f.bool("stream")
+    req.stream_tokens = stream
+    return req, batched, f.bool("return_logprob"), stream
 
 
-def _finish(r) -> dict:
+def _finish(r) -> dict | None:
+    if r.finish_reason is None:                  # a streamed sample that goes on
+        return None
     if r.finish_reason == "length":
         return {"type": "length", "length": len(r.token_ids)}
     matched = r.stop_string or (r.token_ids[-1] if r.token_ids else None)
@@ -102,6 +115,9 @@ def _sample(item, text: str, prompt_len: int, rid: str, return_logprob: bool) ->
         meta["spec_verify_ct"] = r.num_drafted
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.logprobs, r.token_ids)]
+        if r.top_token_ids:       # SGLang's shape: per position [[logprob, token_id, text], ...], most likely first
+            meta["output_top_logprobs"] = [[[max(lp, MIN_LOGPROB), t, None] for t, lp in zip(ts, ls)]
+                                           for ts, ls in zip(r.top_token_ids, r.top_logprobs)]
     return {"text": text, "output_ids": r.token_ids, "meta_info": meta}
 
 
@@ -115,14 +131,14 @@ def _aborted(rid: str, prompt_len: int, return_logprob: bool, policy_version: in
 
 
 async def _run(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_logprob: bool) -> Response:
-    async with gw.generate(req, RENAMES) as (checked, samples):
+    async with gw.generate(req, SPELLING) as (checked, samples):
         items, aborted = [], False
         try:
             async for item in samples:
                 items.append(item)
         except ServiceError as e:
             if e.code != grpc.StatusCode.ABORTED:
-                raise from_service_error(e, RENAMES) from None
+                raise from_service_error(e, SPELLING) from None
             aborted = True
     texts = await gw.in_tokenizer_thread(lambda: [gw.decode(i.result.token_ids) for i in items])
     rid = req.request_id or uuid.uuid4().hex
@@ -139,12 +155,61 @@ async def _run(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_logpr
     return JSONResponse(body, headers=rollout_headers(items))
 
 
+async def _stream(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_logprob: bool) -> Response:
+    """SGLang's streamed /generate: a server-sent event per engine step and sample, each carrying the sample so far
+    (SGLang's default, non-incremental output: cumulative `text`, `output_ids`, `meta_info` with finish_reason null
+    until the last), `index` = prompt * n + sample for a batch or n > 1; then `data: [DONE]`."""
+    cm = gw.generate(req, SPELLING, deltas=True)
+    checked, samples = await cm.__aenter__()          # a refusal here raises DialectError: a plain HTTP error
+    rid = req.request_id or uuid.uuid4().hex
+    n = req.n or 1
+    progress: dict[tuple[int, int], Progress] = {}
+    texts: dict[tuple[int, int], StreamText] = {}
+
+    def event(key, r, text: str) -> str:
+        out = _sample(IndexedResult(*key, r), text, len(checked.prompt_token_ids[key[0]]), rid, return_logprob)
+        if batched or n > 1:
+            out["index"] = key[0] * n + key[1]
+        return f"data: {json.dumps(out)}\n\n"
+
+    async def events():
+        try:
+            try:
+                async for item in samples:
+                    key = (item.prompt_index, item.sample_index)
+                    if isinstance(item, IndexedDelta):
+                        prog = progress.setdefault(key, Progress())
+                        prog.extend(item.delta)          # this reader's deltas follow each other
+                        r = SeqResult(token_ids=prog.token_ids, logprobs=prog.logprobs, finish_reason=None,
+                                      policy_version=prog.version_spans[0][0], version_spans=prog.version_spans,
+                                      top_token_ids=prog.top_token_ids, top_logprobs=prog.top_logprobs)
+                        st = texts.setdefault(key, StreamText(gw.decode))
+                        await gw.in_tokenizer_thread(st.step, item.delta.token_ids)
+                        yield event(key, r, st.sent)
+                        continue
+                    progress.pop(key, None)
+                    texts.pop(key, None)
+                    text = await gw.in_tokenizer_thread(gw.decode, item.result.token_ids)
+                    yield event(key, item.result, text)
+            except ServiceError as e:
+                err = from_service_error(e, SPELLING)
+                yield f"data: {json.dumps({'error': {'message': err.message, 'param': err.param}})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            await cm.__aexit__(None, None, None)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=gw.serving_headers())
+
+
 @router.post("/generate")
 @answers_errors
 async def generate(request: Request):
-    """`text` or `input_ids` (one prompt or a batch), `sampling_params`, `return_logprob`."""
+    """`text` or `input_ids` (one prompt or a batch), `sampling_params`, `return_logprob`, `top_logprobs_num`,
+    `stream`."""
     gw = gateway(request)
-    req, batched, return_logprob, _ = parse_generate(json_body(await request.body()))
+    req, batched, return_logprob, stream = parse_generate(json_body(await request.body()))
+    if stream:
+        return await _stream(gw, req, batched, return_logprob)
     return await until_disconnect(request, _run(gw, req, batched, return_logprob))
 
 
@@ -197,7 +262,7 @@ async def update_weights_from_disk(request: Request):
     mode = "abort" if f.bool("abort_all_requests") else "wait"
     gw = gateway(request)
     try:
-        out = await gw.load_policy(path, version, mode, "update_weights_from_disk")
+        out = await gw.load_policy(path, version, mode, LOAD_SPELLING)
     except DialectError as e:
         return JSONResponse({"success": False, "message": e.message}, status_code=e.status)
     return {"success": True, "message": f"Succeeded to update model weights (policy version {out['version']}).",

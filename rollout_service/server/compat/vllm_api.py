@@ -2,8 +2,9 @@
 thin translator onto the pool: what TRL's AsyncGRPO, prime-rl, SkyRL, verifiers and the `openai` package call.
 
 Every answer carries the policy version(s) and drafter statistics: per choice in `rollout` (and vLLM's own
-`weight_versions` spans), per response in `x-rollout-*` headers. Samples come whole (the pool streams a
-sample when it finishes), so a stream sends one chunk per finished choice.
+`weight_versions` spans), per response in `x-rollout-*` headers. A stream sends a chunk per engine step and choice
+(the pool's token deltas; a slow reader gets the steps it missed in one chunk), then the choice's last chunk with
+its finish reason.
 """
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ import uuid
 from dataclasses import dataclass
 
 import grpc
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollout_service.api import pb
+from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
+from rollout_service.pool.requests import IndexedDelta, IndexedResult
 from rollout_service.server.compat.gateway import (
+    MIN_LOGPROB,
     DialectError,
+    StreamText,
     Fields,
     Gateway,
     answers_errors,
@@ -36,8 +42,13 @@ from rollout_service.server.compat.gateway import (
 from rollout_tasks.chat import chat_token_ids
 
 router = APIRouter()
-RENAMES = (("sampling.max_tokens", "max_tokens"), ("sampling.", ""), ("prompts[", "prompt["))
-CHAT_RENAMES = (("sampling.max_tokens", "max_tokens"), ("sampling.", ""), ("prompts[0]", "messages"))
+# the contract's names as each endpoint spells them (gateway.spell)
+SPELLING = {"sampling.max_tokens": "max_tokens", "sampling.": "", "prompts": "prompt", "top_logprobs": "logprobs"}
+CHAT_SPELLING = {"sampling.max_tokens": "max_tokens", "sampling.": "", "prompts[0]": "messages"}
+GENERATE_SPELLING = {"sampling.": "sampling_params.", "prompts[0]": "token_ids", "n": "sampling_params.n",
+                     "min_policy_version": "sampling_params.min_policy_version",
+                     "top_logprobs": "sampling_params.logprobs"}
+LOAD_SPELLING = {"LoadWeights": "update_weights", "path": "weight_dir"}       # /update_weights {"weight_dir"}
 
 
 @dataclass
@@ -73,21 +84,15 @@ def _common(f: Fields, kind: str, max_tokens_key: str = "max_tokens") -> tuple[p
         raise DialectError(400, f"min_policy_version: must be >= 0, got {mpv}", "min_policy_version")
     req.min_policy_version = min(mpv, 2**63 - 1)
     stream_options = f.get("stream_options", {}) or {}
-    if kind == "chat":
+    if kind == "chat":                   # logprobs: true, top_logprobs: N
         lp = f.bool("logprobs")
         top = f.int("top_logprobs", 0)
-        if top > 1:
-            raise DialectError(400, f"top_logprobs: only the sampled token's log-prob is served (0 or 1), got {top}",
-                               "top_logprobs")
-    elif kind == "generate":
-        lp_n = f.int("logprobs")
-        lp = lp_n is not None
-    else:
-        lp_n = f.int("logprobs")
-        if lp_n is not None and lp_n > 1:
-            raise DialectError(400, f"logprobs: only the sampled token's log-prob is served (logprobs 0 or 1), "
-                               f"got {lp_n}", "logprobs")
-        lp = lp_n is not None
+        if top and not lp:
+            raise DialectError(400, "top_logprobs: needs \"logprobs\": true", "top_logprobs")
+    else:                                # logprobs: N (the sampled token's log-prob and the N most likely)
+        top = f.int("logprobs")
+        lp = top is not None
+    req.top_logprobs = max(min(top or 0, 2**31 - 1), -(2**31))       # validation names the range
     opts = Options(kind, n, lp, f.bool("return_token_ids"), f.bool("return_tokens_as_token_ids"),
                    f.bool("stream"), bool(isinstance(stream_options, dict) and stream_options.get("include_usage")))
     return req, opts
@@ -155,52 +160,67 @@ class Writer:
         self.created = int(time.time())
         self.model = gw.model.path
 
-    def _decode(self, items) -> list[tuple[str, list[str]]]:
+    def _decode(self, items, texts) -> list[tuple[str, dict[int, str]]]:
+        """(text, token id -> its string) per item; texts: the items' texts where already known (streams)."""
         tok = self.gw.model.tokenizer
         out = []
-        for item in items:
-            ids = item.result.token_ids
-            text = self.gw.decode(ids) if self.opts.text else ""
-            pieces = []
+        for item, known in zip(items, texts):
+            r = item.result
+            text = known if known is not None else self.gw.decode(r.token_ids) if self.opts.text else ""
+            names: dict[int, str] = {}
             if self.opts.logprobs and not self.opts.tokens_as_ids:
-                pieces = tok.batch_decode([[t] for t in ids])
-            out.append((text, pieces))
+                ids = sorted(set(r.token_ids).union(*map(set, r.top_token_ids)))
+                names = dict(zip(ids, tok.batch_decode([[t] for t in ids])))
+            out.append((text, names))
         return out
 
-    async def choices(self, items) -> list[dict]:
-        decoded = await self.gw.in_tokenizer_thread(self._decode, items)
-        return [self.choice(item, text, pieces) for item, (text, pieces) in zip(items, decoded)]
+    async def choices(self, items, texts=None) -> list[dict]:
+        decoded = await self.gw.in_tokenizer_thread(self._decode, items, texts or [None] * len(items))
+        return [self.choice(item, text, names) for item, (text, names) in zip(items, decoded)]
 
     def index(self, item) -> int:
         return item.prompt_index * self.opts.n + item.sample_index
 
-    def choice(self, item, text: str, pieces: list[str]) -> dict:
+    def choice(self, item, text: str, names: dict[int, str]) -> dict:
         r, o = item.result, self.opts
-        names = [f"token_id:{t}" for t in r.token_ids] if o.tokens_as_ids or not pieces else pieces
+
+        def name(t: int) -> str:
+            return names[t] if t in names else f"token_id:{t}"
+
+        tops = r.top_token_ids or [[] for _ in r.token_ids]
+        top_lps = r.top_logprobs or [[] for _ in r.token_ids]
         c: dict = {"index": self.index(item), "finish_reason": r.finish_reason,
                    "stop_reason": _stop_reason(r, self.stop_ids)}
         if o.kind == "chat":
+            def entry(t: int, lp: float) -> dict:
+                return {"token": name(t), "logprob": max(lp, MIN_LOGPROB), "bytes": list(name(t).encode())}
             c["message"] = {"role": "assistant", "content": text}
-            c["logprobs"] = {"content": [{"token": name, "logprob": lp, "bytes": list(name.encode()),
-                                          "top_logprobs": [{"token": name, "logprob": lp,
-                                                            "bytes": list(name.encode())}]}
-                                         for name, lp in zip(names, r.logprobs)]} if o.logprobs else None
-            c["token_ids"] = r.token_ids if o.token_ids else None
+            c["logprobs"] = {"content": [entry(t, lp) | {"top_logprobs": [entry(a, b) for a, b in zip(ts, ls)]}
+                                         for t, lp, ts, ls in zip(r.token_ids, r.logprobs, tops, top_lps)]
+                             } if o.logprobs else None
+            c["token_ids"] = r.token_ids             # always (multi-turn clients send them back as the next prompt)
         elif o.kind == "generate":
             c["token_ids"] = r.token_ids
             if o.text:
                 c["text"] = text
-            c["logprobs"] = {"content": [{"token_id": t, "logprob": lp, "top_logprobs": []}
-                                         for t, lp in zip(r.token_ids, r.logprobs)]} if o.logprobs else None
+            c["logprobs"] = {"content": [{"token_id": t, "logprob": lp,
+                                          "top_logprobs": [{"token_id": a, "logprob": max(b, MIN_LOGPROB)}
+                                                           for a, b in zip(ts, ls)]}
+                                         for t, lp, ts, ls in zip(r.token_ids, r.logprobs, tops, top_lps)]
+                             } if o.logprobs else None
         else:
             c["text"] = text
             if o.logprobs:
+                strs = [name(t) for t in r.token_ids]
                 offsets, at = [], 0
-                for name in names:
+                for piece in strs:
                     offsets.append(at)
-                    at += len(name)
-                c["logprobs"] = {"tokens": names, "token_logprobs": r.logprobs,
-                                 "top_logprobs": [{name: lp} for name, lp in zip(names, r.logprobs)],
+                    at += len(piece)
+                # vLLM's shape: per position the N most likely tokens and the sampled one
+                c["logprobs"] = {"tokens": strs, "token_logprobs": r.logprobs,
+                                 "top_logprobs": [{name(a): max(b, MIN_LOGPROB) for a, b in zip(ts, ls)}
+                                                  | {name(t): lp}
+                                                  for t, lp, ts, ls in zip(r.token_ids, r.logprobs, tops, top_lps)],
                                  "text_offset": offsets}
             else:
                 c["logprobs"] = None
@@ -233,20 +253,20 @@ class Writer:
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}
         if not chunk:
             body["usage"] = self.usage(items)
-        if self.opts.kind != "completion" and self.opts.token_ids:
-            body["prompt_token_ids"] = self.checked.prompt_token_ids[0]
+        if self.opts.kind == "chat" or (self.opts.kind == "generate" and self.opts.token_ids):
+            body["prompt_token_ids"] = self.checked.prompt_token_ids[0]   # chat: always, as return_token_ids gives
         return body
 
 
-async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, renames) -> Response:
-    async with gw.generate(req, renames) as (checked, samples):
+async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling) -> Response:
+    async with gw.generate(req, spelling) as (checked, samples):
         items, error = [], None
         try:
             async for item in samples:
                 items.append(item)
         except ServiceError as e:
             if e.code != grpc.StatusCode.ABORTED:
-                raise from_service_error(e, renames) from None
+                raise from_service_error(e, spelling) from None
             error = e
         w = Writer(gw, opts, checked, req)
         choices = await w.choices(items)
@@ -258,27 +278,61 @@ async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, renames)
         return JSONResponse(w.envelope(choices, items), headers=rollout_headers(items))
 
 
-async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, renames) -> Response:
-    """Server-sent events: admission errors are HTTP statuses; each finished sample is one chunk, then the
-    usage chunk (stream_options.include_usage) and [DONE]."""
-    cm = gw.generate(req, renames)
+async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling) -> Response:
+    """Server-sent events: admission errors are HTTP statuses; then a chunk per engine step and choice with its new
+    tokens (text, token_ids, logprobs; a reader that fell behind gets the steps it missed in one chunk), each
+    choice's last chunk with the rest and its finish reason, the usage chunk (stream_options.include_usage) and
+    [DONE]."""
+    req.stream_tokens = True
+    cm = gw.generate(req, spelling, deltas=True)
     checked, samples = await cm.__aenter__()          # a refusal here raises DialectError: a plain HTTP error
     w = Writer(gw, opts, checked, req)
+    texts: dict[tuple[int, int], StreamText] = {}
+
+    def text_of(key) -> StreamText:
+        return texts.setdefault(key, StreamText(gw.decode))
+
+    def chunk(choices: list[dict], first: bool) -> str:
+        if opts.kind == "chat":
+            for c in choices:
+                c["delta"] = c.pop("message")
+                if not first:
+                    c["delta"].pop("role")
+        return f"data: {json.dumps(w.envelope(choices, [], chunk=True))}\n\n"
 
     async def events():
-        items = []
+        items, started, sent = [], set(), {}
         try:
             try:
                 async for item in samples:
+                    key = (item.prompt_index, item.sample_index)
+                    first = key not in started
+                    started.add(key)
+                    if isinstance(item, IndexedDelta):
+                        d = item.delta
+                        part = SeqResult(token_ids=d.token_ids, logprobs=d.logprobs, finish_reason=None,
+                                         policy_version=d.version_spans[0][0], version_spans=d.version_spans,
+                                         top_token_ids=d.top_token_ids, top_logprobs=d.top_logprobs)
+                        piece = await gw.in_tokenizer_thread(text_of(key).step, d.token_ids) if opts.text else ""
+                        sent[key] = d.start + len(d.token_ids)
+                        choices = await w.choices([IndexedResult(*key, part)], [piece])
+                        choices[0].pop("weight_versions")
+                        yield chunk(choices, first)
+                        continue
                     items.append(item)
-                    choices = await w.choices([item])
-                    if opts.kind == "chat":
-                        c = choices[0]
-                        c["delta"] = c.pop("message")
-                    yield f"data: {json.dumps(w.envelope(choices, [item], chunk=True))}\n\n"
+                    r, st = item.result, text_of(key)
+                    k = sent.pop(key, 0)             # tokens sent as deltas
+                    rest = msgspec.structs.replace(r, token_ids=r.token_ids[k:], logprobs=r.logprobs[k:],
+                                                   top_token_ids=r.top_token_ids[k:], top_logprobs=r.top_logprobs[k:])
+                    piece = ""
+                    if opts.text:                    # the whole text, as a whole answer gives it
+                        piece = st.finish(await gw.in_tokenizer_thread(gw.decode, r.token_ids))
+                    yield chunk(await w.choices([IndexedResult(*key, rest)], [piece]), first)
+                    texts.pop(key, None)
             except ServiceError as e:
-                err = from_service_error(e, renames)
-                yield f"data: {json.dumps({'error': {'message': err.message, 'code': err.status}})}\n\n"
+                err = from_service_error(e, spelling)
+                error = {"message": err.message, "param": err.param, "code": err.status}
+                yield f"data: {json.dumps({'error': error})}\n\n"
             if opts.usage_in_stream:
                 usage = w.envelope([], items, chunk=True) | {"usage": w.usage(items)}
                 yield f"data: {json.dumps(usage)}\n\n"
@@ -289,16 +343,16 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, renames) 
     return StreamingResponse(events(), media_type="text/event-stream", headers=gw.serving_headers())
 
 
-async def _serve(request: Request, parse, renames) -> Response:
+async def _serve(request: Request, parse, spelling) -> Response:
     req, opts = parse(json_body(await request.body()))
-    return await _answer(request, gateway(request), req, opts, renames)
+    return await _answer(request, gateway(request), req, opts, spelling)
 
 
-async def _answer(request: Request, gw, req, opts, renames) -> Response:
+async def _answer(request: Request, gw, req, opts, spelling) -> Response:
     """A parsed request's samples: as server-sent events when it asked to stream, else one JSON body."""
     if opts.stream:
-        return await _stream(gw, req, opts, renames)
-    return await until_disconnect(request, _collect(gw, req, opts, renames))
+        return await _stream(gw, req, opts, spelling)
+    return await until_disconnect(request, _collect(gw, req, opts, spelling))
 
 
 @router.post("/v1/completions")
@@ -306,7 +360,7 @@ async def _answer(request: Request, gw, req, opts, renames) -> Response:
 async def completions(request: Request):
     """OpenAI completions: a text or token-id prompt (or a batch), n samples each, logprobs of the sampled
     token, return_token_ids, return_tokens_as_token_ids, stream."""
-    return await _serve(request, parse_completion, RENAMES)
+    return await _serve(request, parse_completion, SPELLING)
 
 
 @router.post("/v1/chat/completions")
@@ -339,14 +393,14 @@ async def chat_completions(request: Request):
         limit = gw.servicer.limits.max_new_tokens
         req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
     req.prompts.append(pb.Prompt(token_ids=ids))
-    return await _answer(request, gw, req, opts, CHAT_RENAMES)
+    return await _answer(request, gw, req, opts, CHAT_SPELLING)
 
 
 @router.post("/inference/v1/generate")
 @answers_errors
 async def generate_tokens(request: Request):
     """vLLM's tokens-in, tokens-out endpoint: `token_ids` and `sampling_params`."""
-    return await _serve(request, parse_generate, (("sampling.", "sampling_params."), ("prompts[0]", "token_ids")))
+    return await _serve(request, parse_generate, GENERATE_SPELLING)
 
 
 @router.get("/v1/models")
@@ -438,7 +492,7 @@ async def update_weights(request: Request):
     if not isinstance(path, str) or not path:
         raise DialectError(400, "weight_dir: must be a path", "weight_dir")
     out = await gateway(request).load_policy(path, f.int("version"), in_flight_mode(f.get("mode", "wait")),
-                                             "update_weights")
+                                             LOAD_SPELLING)
     return {"status": "ok"} | out
 
 

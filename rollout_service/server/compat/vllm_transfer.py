@@ -25,9 +25,12 @@ from rollout_service.weights.transfer import Meta
 
 log = logging.getLogger(__name__)
 DEFAULT_PACKED_BUFFER_BYTES = 1 << 30     # vLLM's DEFAULT_PACKED_BUFFER_SIZE_BYTES (packed_tensor.py)
-RENAMES = (("InitWeightTransfer: ", "/init_weight_transfer_engine: "), ("TransferWeights: ", "/update_weights: "),
-           ("InitWeightTransfer", "POST /init_weight_transfer_engine"), ("master_address", "init_info.master_address"),
-           ("master_port", "init_info.master_port"), ("trainer_ranks", "init_info.rank_offset"))
+# the contract's names (InitWeightTransfer's, TransferWeights' and their fields) as vLLM's endpoints spell them
+SPELLING = {"InitWeightTransfer": "POST /init_weight_transfer_engine", "TransferWeights": "POST /update_weights",
+            "CloseWeightTransfer": "POST /shutdown_weight_transfer_engine",
+            "master_address": "init_info.master_address", "master_port": "init_info.master_port",
+            "trainer_ranks": "init_info.rank_offset", "timeout_s": "init_info.timeout_s",
+            "buffer_bytes": "init_info.packed_buffer_size_bytes", "tensors": "update_info.names"}
 INIT_FIELDS = {"master_address", "master_port", "rank_offset", "world_size", "packed", "packed_buffer_size_bytes",
                "packed_num_buffers", "nccl_unique_id_b64", "timeout_s"}
 UPDATE_FIELDS = {"names", "dtype_names", "shapes", "packed", "is_checkpoint_format"}
@@ -123,7 +126,7 @@ class VllmWeightTransfer:
                                                   buffer_bytes=buffer_bytes, check_shape=check_shape):
                 self.open = self.committed = None       # a new group: no update is open over it
         except ServiceError as e:
-            raise from_service_error(e, RENAMES) from None
+            raise from_service_error(e, SPELLING) from None
         return {"message": "Weight transfer initialized", "backend": group.backend, "group_id": group.group_id,
                 "world_size": group.world_size, "trainer_ranks": group.trainer_ranks,
                 "engine_ranks": group.engine_ranks, "packed_buffer_size_bytes": group.buffer_bytes,
@@ -133,7 +136,7 @@ class VllmWeightTransfer:
         try:
             await self.transfer.close()
         except ServiceError as e:
-            raise from_service_error(e, RENAMES) from None
+            raise from_service_error(e, SPELLING) from None
         self.open = self.committed = None
         return {"message": "Weight transfer shut down"}
 
@@ -181,7 +184,7 @@ class VllmWeightTransfer:
                 out = item
         except ServiceError as e:
             self.pool.telemetry.push_failed("transfer")
-            err = from_service_error(e, RENAMES)
+            err = from_service_error(e, SPELLING)
             if await self._close_out_of_step():
                 err.message += (". The weight-transfer group was closed (the trainer had started broadcasting): "
                                 "POST /init_weight_transfer_engine again")
