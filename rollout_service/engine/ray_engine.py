@@ -296,11 +296,19 @@ class RayEngine(Engine):
         self.state = EngineState.STOPPED
 
 
+def actor_env(environ=os.environ) -> dict[str, str]:
+    """The variables the front end hands its engine actors: every VLLM_* and ROLLOUT_* one except the lifeline's
+    mark (the front end's pid on its own machine). On another node or container that pid is some other process:
+    the actor's lifeline took it for a dead front end and SIGKILLed what it found under it there, Ray's raylet
+    included (the compose stack's worker, docs/deployment.md). An actor marks itself (EngineActor)."""
+    from rollout_service.engine.lifeline import ENV
+
+    return {k: v for k, v in environ.items() if k.startswith(("VLLM_", "ROLLOUT_")) and k != ENV}
+
+
 def connect(address: str) -> None:
     """Join the Ray cluster at `address` ("auto": the local one) from the gRPC process."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
-                 runtime_env={"env_vars": {k: v for k, v in os.environ.items()
-                                           if k.startswith(("VLLM_", "ROLLOUT_"))}})
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True, runtime_env={"env_vars": actor_env()})

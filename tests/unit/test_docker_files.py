@@ -31,3 +31,14 @@ def test_docker_check_catches_an_unknown_flag(tmp_path):
     r = subprocess.run(["bash", str(tmp_path / "docker" / "check.sh")], capture_output=True, text=True,
                        timeout=120, cwd=tmp_path)
     assert r.returncode != 0 and "tensor-paralel-size" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_engine_actors_do_not_inherit_the_front_ends_lifeline():
+    """Found running the compose stack: the front end handed its engine actors ROLLOUT_SERVICE_FRONT_END (its own
+    pid); in the worker container that pid was another process, so the actor's lifeline SIGKILLed the worker's
+    raylet. Everything else ROLLOUT_* / VLLM_* still reaches the actors."""
+    from rollout_service.engine import lifeline
+    from rollout_service.engine.ray_engine import actor_env
+
+    env = {lifeline.ENV: "7:12345", "ROLLOUT_SERVICE_HOME": "/models", "VLLM_CPU_KVCACHE_SPACE": "2", "HOME": "/root"}
+    assert actor_env(env) == {"ROLLOUT_SERVICE_HOME": "/models", "VLLM_CPU_KVCACHE_SPACE": "2"}
