@@ -2,9 +2,9 @@
 
 Two tokens: the client token opens the data plane (Generate, GetStatus, reflection, HTTP status and
 metrics); the admin token opens everything, including the control plane (PushWeights, UpdateDraft,
-LoadWeights, the weight-transfer RPCs). gRPC health checks and HTTP /healthz stay open so probes need no secret.
-Tokens are
-compared in constant time and never logged: a client is named in logs and limits by a short hash.
+LoadWeights, the weight-transfer RPCs). gRPC health checks and HTTP /healthz, /health and /readyz stay open so
+probes need no secret (/readyz without a token says only ready or not ready). Tokens are compared in constant time
+and never logged: a client is named in logs and limits by a short hash.
 """
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in (
     "PushWeights", "UpdateDraft", "LoadWeights", "ScaleEngines", "InitWeightTransfer", "TransferWeights",
     "CloseWeightTransfer"))
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+# Probes send no token. Liveness (/healthz, the vLLM dialect's /health) is open whatever is sent; readiness (/readyz)
+# answers a caller without a token only "ready" or "not ready" (with a token: each engine's state; a wrong one: 401)
 OPEN_HTTP_PATHS = frozenset({"/healthz", "/health"})
+PROBE_HTTP_PATHS = frozenset({"/readyz"})
 # HTTP dialect endpoints that change what is served or stop others' work: the admin token, as on gRPC
 ADMIN_HTTP_PATHS = frozenset({
     "/update_weights", "/update_weights_from_disk", "/pause", "/resume", "/abort_requests", "/reset_prefix_cache",
@@ -40,7 +43,11 @@ def _read_secret(path: str, env: str, what: str) -> str:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"security.{what}: {p} is not a readable file")
-        value = p.read_text().strip()
+        try:
+            value = p.read_text().strip()
+        except PermissionError:
+            raise ConfigError(f"security.{what}: {p} is not readable by this process (uid {os.getuid()}); in a "
+                              "container, give the mounted file (or compose secret) to that uid") from None
     else:
         value = os.environ.get(env, "").strip()
     if value and len(value) < 16:
@@ -143,7 +150,8 @@ def caller_id(context, creds: Credentials | None) -> str:
 
 
 def http_middleware(creds: Credentials):
-    """FastAPI middleware: a bearer token (client or admin) on every path except /healthz."""
+    """FastAPI middleware: a bearer token (client or admin) on every path except the probes'. OPEN_HTTP_PATHS take any
+    request; PROBE_HTTP_PATHS one without a token too (request.state.role None: the handler says less)."""
     from fastapi.responses import JSONResponse
 
     def refuse(status: int, message: str, **headers):
@@ -156,7 +164,10 @@ def http_middleware(creds: Credentials):
         path = request.url.path
         if path in OPEN_HTTP_PATHS:
             return await call_next(request)
-        role = creds.role(request.headers.get("authorization"))
+        sent = request.headers.get("authorization")
+        role = request.state.role = creds.role(sent)
+        if path in PROBE_HTTP_PATHS and not sent:
+            return await call_next(request)
         if role is None:
             return refuse(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
                           **{"WWW-Authenticate": "Bearer"})

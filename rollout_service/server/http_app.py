@@ -17,10 +17,15 @@ def healthz() -> dict:
 
 @router.get("/readyz")
 def readyz(request: Request, response: Response) -> dict:
-    """Every engine is ready to serve (503 while starting, shutting down or with an unhealthy engine)."""
+    """Every engine is ready to serve (503 while starting, shutting down or with an unhealthy engine).
+
+    Open to readiness probes, which send no token: without one the answer is only ready / not ready. With a
+    token (or without authentication) a 503 also names each engine's state."""
     pool = request.app.state.servicer.pool
     if not pool.ready:
         response.status_code = 503
+        if request.app.state.creds is not None and getattr(request.state, "role", None) is None:
+            return {"status": "not ready"}
         return {"status": "not ready", "engines": {e.id: e.state.name for e in pool.engines}}
     return {"status": "ready"}
 
@@ -43,9 +48,11 @@ def status(request: Request) -> dict:
 
 
 def build_http_app(servicer, creds=None) -> FastAPI:
-    """creds: server.auth.Credentials; with them every path but /healthz needs a bearer token."""
+    """creds: server.auth.Credentials; with them every path but the probes' (/healthz, /health; /readyz, which
+    without a token answers only ready / not ready) needs a bearer token."""
     app = FastAPI(title="rollout-service", docs_url=None, redoc_url=None)
     app.state.servicer = servicer
+    app.state.creds = creds
     if creds is not None:
         from rollout_service.server.auth import http_middleware
 

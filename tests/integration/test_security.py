@@ -85,10 +85,14 @@ def test_health_checks_need_no_token(secure):
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_http_needs_a_token_except_healthz(secure):
+def test_http_needs_a_token_except_the_probes(secure):
     svc, _, _ = secure
     assert svc.http_get("/healthz", token="")[0] == 200
-    for path in ("/v1/status", "/metrics", "/readyz"):
+    # a readiness probe sends no token: ready / not ready, nothing more; a wrong token is refused
+    assert svc.http_get("/readyz", token="") == (200, '{"status":"ready"}')
+    assert svc.http_get("/readyz", token="not-the-token-at-all")[0] == 401
+    assert svc.http_get("/readyz", token=TOKEN)[0] == 200
+    for path in ("/v1/status", "/metrics"):
         assert svc.http_get(path, token="")[0] == 401
         assert svc.http_get(path, token="not-the-token-at-all")[0] == 401
         assert svc.http_get(path, token=TOKEN)[0] == 200

@@ -76,3 +76,51 @@ def test_security_config_rules():
         load_config(**{"security.tls_client_ca": "/ca.pem"})
     with pytest.raises(ConfigError, match="max_streams_per_client"):
         load_config(max_streams_per_client=0)
+
+
+def test_readyz_answers_a_probe_without_a_token_and_says_no_more():
+    """An orchestrator's readiness probe sends no token: /readyz answers it with ready / not ready only; a token
+    adds each engine's state; a wrong token is refused; everything else still needs a token."""
+    import asyncio
+
+    import httpx
+
+    from rollout_service.pool.pool import EnginePool
+    from rollout_service.server.http_app import build_http_app
+    from tests.fake_engine import FakeEngine
+
+    async def main():
+        pool = EnginePool([FakeEngine("e0", vocab_size=100)], max_queue=4)
+        servicer = type("Servicer", (), {"pool": pool})()
+        app = build_http_app(servicer, Credentials(T, A))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            r = await c.get("/readyz")
+            assert (r.status_code, r.json()) == (503, {"status": "not ready"})      # nothing about the engines
+            r = await c.get("/readyz", headers={"Authorization": f"Bearer {T}"})
+            assert r.status_code == 503 and r.json()["engines"] == {"e0": pool.engines[0].state.name}
+            assert (await c.get("/readyz", headers={"Authorization": "Bearer wrong-token-0123456789"})).status_code \
+                == 401
+            assert (await c.get("/healthz", headers={"Authorization": "Bearer wrong"})).status_code == 200
+            await pool.start()
+            try:
+                r = await c.get("/readyz")
+                assert (r.status_code, r.json()) == (200, {"status": "ready"})
+                for path in ("/v1/status", "/metrics", "/v1/models"):
+                    assert (await c.get(path)).status_code == 401, path
+            finally:
+                await pool.shutdown()
+    asyncio.run(main())
+
+
+def test_unreadable_token_file_names_the_uid(tmp_path, monkeypatch):
+    """A mounted secret the image's user cannot read (owned by another uid on the host) is named, not a traceback."""
+    import os
+    from pathlib import Path
+
+    sec = files(tmp_path)
+
+    def denied(self, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(self))
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(ConfigError, match=f"token_file.*not readable by this process \\(uid {os.getuid()}\\)"):
+        load_credentials(sec, "127.0.0.1")
