@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Check docker/ as far as possible without a Docker daemon (none runs on the development machines).
+# Check docker/ statically, without building anything (fast; the unit tests run it).
 #
 #   bash docker/check.sh
+#   bash docker/check.sh --run [run_check.sh options]    # then build and run the images: docker/run_check.sh
 #
 # Static checks (always): compose.yaml and compose.cpu.yaml parse and hold the expected services, ports,
 # secrets, health checks and GPU reservation; every Dockerfile has a pinned FROM (no `latest`, no missing
 # tag; the GPU image's vLLM tag equals the `gpu` extra's vllm pin), EXPOSE 50051 and 8000, a HEALTHCHECK
-# on /healthz, a non-root USER, the rollout-service ENTRYPOINT, and COPY sources that exist and are not
+# by docker/healthcheck.py (on /healthz), a non-root USER, the rollout-service ENTRYPOINT, the steps of
+# docker/image.sh, the same text in both Dockerfiles from "Shared by both images" on (user, ports, health
+# check, entrypoint, secrets), and COPY sources that exist and are not
 # excluded by .dockerignore; every `rollout-service serve` flag used in docker/ and docs/deployment.md
 # exists in rollout_service/config.py or cli.py, and every `ray start` flag in the compose files exists in the
 # installed Ray. Tool checks (when installed): `docker compose config -q` (or docker-compose v1 on the base
 # file) and hadolint. Exit 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+run=0
+if [ "${1:-}" = --run ]; then run=1; shift; fi
 
 fail=0
 py=.venv/bin/python
@@ -130,8 +135,12 @@ targets = set()
 for p in roll.get("ports", []):
     targets.add(str(p.get("target")) if isinstance(p, dict) else str(p).rsplit(":", 1)[-1].split("/")[0])
 check({"50051", "8000"} <= targets, f"compose.yaml: rollout must publish 50051 and 8000 (has {sorted(targets)})")
-check("/healthz" in " ".join(as_list(roll.get("healthcheck", {}).get("test", []))),
-      "compose.yaml: rollout healthcheck must probe /healthz")
+check(as_list(roll.get("healthcheck", {}).get("test", []))[-1:] == ["/opt/rollout-service/docker/healthcheck.py"],
+      "compose.yaml: rollout healthcheck must be the image's (docker/healthcheck.py, on /healthz)")
+for name, s in svcs.items():
+    test = as_list(s.get("healthcheck", {}).get("test", []))
+    check("/opt/rollout-service/docker/healthcheck.py" in test,
+          f"compose.yaml: {name}'s healthcheck should run docker/healthcheck.py (one probe for every container)")
 used = {s if isinstance(s, str) else s.get("source") for s in roll.get("secrets", [])}
 check({"client_token", "admin_token"} <= used, "compose.yaml: rollout must mount secrets client_token and admin_token")
 declared = base.get("secrets", {})
@@ -234,7 +243,11 @@ for df in dockerfiles:
     exposed = {p.split("/")[0] for word, rest in ins if word == "EXPOSE" for p in rest.split()}
     check({"50051", "8000"} <= exposed, f"{df}: must EXPOSE 50051 and 8000 (has {sorted(exposed)})")
     hcs = [rest for word, rest in ins if word == "HEALTHCHECK"]
-    check(hcs and "NONE" not in hcs[-1].upper().split() and "/healthz" in hcs[-1], f"{df}: no HEALTHCHECK on /healthz")
+    check(hcs and "NONE" not in hcs[-1].upper().split() and "/opt/rollout-service/docker/healthcheck.py" in hcs[-1],
+          f"{df}: no HEALTHCHECK by docker/healthcheck.py")
+    runs = " ".join(rest for word, rest in ins if word == "RUN")
+    for step in ("deps", "project", "user"):
+        check(f"bash docker/image.sh {step}" in runs, f"{df}: should run `bash docker/image.sh {step}` (shared steps)")
     ep = [rest for word, rest in ins if word == "ENTRYPOINT"]
     check(ep and "rollout-service" in ep[-1], f"{df}: ENTRYPOINT must be rollout-service")
     cmd = [rest for word, rest in ins if word == "CMD"]
@@ -258,6 +271,18 @@ for df in dockerfiles:
         for script in re.findall(r"(scripts/[\w./-]+\.sh)", rest) if word == "RUN" else []:
             check(Path(script).is_file(), f"{df}: RUN uses {script}, which does not exist")
 check(not ignored("README.md") and not ignored("pyproject.toml"), ".dockerignore excludes files the build needs")
+hc = Path("docker/healthcheck.py")
+check(hc.is_file() and "http://127.0.0.1:8000/healthz" in hc.read_text(),
+      "docker/healthcheck.py must exist and probe http://127.0.0.1:8000/healthz by default")
+# What both images share is one text: user, ports, health check, entrypoint, command (the secrets' paths)
+MARK = "# ---- Shared by both images"
+tails = {df: Path(df).read_text().partition(MARK) for df in dockerfiles}
+for df, (_, mark, tail) in tails.items():
+    check(mark, f"{df}: no '{MARK}' section (the part both Dockerfiles share)")
+    check("USER" in tail and "HEALTHCHECK" in tail and "ENTRYPOINT" in tail and "CMD" in tail,
+          f"{df}: the shared section must hold the user, health check, entrypoint and command")
+if len({tail for _, _, tail in tails.values()}) > 1:
+    check(False, "Dockerfile.cpu and Dockerfile.gpu differ after '" + MARK + "': keep the shared part the same text")
 
 # ---------------------------------------------------------------- docs/deployment.md
 doc = Path("docs/deployment.md")
@@ -309,8 +334,15 @@ elif command -v docker-compose >/dev/null 2>&1; then
   else
     echo "FAIL: docker-compose (v1) config of docker/compose.yaml"; echo "$out"; fail=1
   fi
+elif pc=$(command -v podman-compose || ls "${XDG_CACHE_HOME:-$HOME/.cache}/rollout-service/podman-compose/bin/podman-compose" 2>/dev/null); then
+  # podman-compose (what docker/run_check.sh installs where Docker is absent) resolves both files, !reset included
+  if out=$("$pc" -f docker/compose.yaml -f docker/compose.cpu.yaml config 2>&1) && ! grep -q "driver: nvidia" <<< "$out"; then
+    echo "ok: podman-compose -f docker/compose.yaml -f docker/compose.cpu.yaml config (GPU reservation reset)"
+  else
+    echo "FAIL: podman-compose config"; echo "$out" | tail -20; fail=1
+  fi
 else
-  echo "skipped: neither the docker compose plugin nor docker-compose is installed"
+  echo "skipped: neither the docker compose plugin, docker-compose nor podman-compose is installed"
 fi
 
 echo "== hadolint"
@@ -325,4 +357,8 @@ else
 fi
 
 if [ "$fail" = 0 ]; then echo "docker/check.sh: all checks passed"; else echo "docker/check.sh: FAILED"; fi
+if [ "$run" = 1 ]; then
+  [ "$fail" = 0 ] || exit "$fail"
+  exec bash docker/run_check.sh "$@"
+fi
 exit "$fail"

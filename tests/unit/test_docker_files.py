@@ -1,6 +1,7 @@
-"""docker/ cannot be built here (no Docker daemon); docker/check.sh checks what can be checked without one:
-compose files parse with the expected services, ports, secrets and health checks, Dockerfiles are pinned,
-non-root and copy sources that exist, and every serve / ray start flag they use exists."""
+"""docker/check.sh, the static checks of docker/ (fast, in the suite): compose files parse with the expected
+services, ports, secrets and health checks, Dockerfiles are pinned, non-root, share their common part as one text
+and copy sources that exist, and every serve / ray start flag they use exists. Building and running the images
+(minutes) is docker/run_check.sh, on demand (docs/deployment.md)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,8 @@ def test_docker_check_passes():
     assert "all checks passed" in r.stdout
 
 
-def test_docker_check_catches_an_unknown_flag(tmp_path):
-    """The check has power: a compose file using a serve flag the CLI lacks fails it."""
+def copy_tree(tmp_path):
+    """A copy of what docker/check.sh reads, docker/ and docs/ writable."""
     import shutil
 
     for d in ("docker", "rollout_service", "docs"):
@@ -26,11 +27,67 @@ def test_docker_check_catches_an_unknown_flag(tmp_path):
     for d in ("proto", "clients", "rollout_tasks", "trainer_example", "constraints", "scripts"):
         (tmp_path / d).symlink_to(ROOT / d)
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+
+
+def check_in(tmp_path):
+    return subprocess.run(["bash", str(tmp_path / "docker" / "check.sh")], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+
+
+def test_docker_check_catches_an_unknown_flag(tmp_path):
+    """The check has power: a compose file using a serve flag the CLI lacks fails it."""
+    copy_tree(tmp_path)
     compose = tmp_path / "docker" / "compose.yaml"
     compose.write_text(compose.read_text().replace("--tensor-parallel-size", "--tensor-paralel-size"))
-    r = subprocess.run(["bash", str(tmp_path / "docker" / "check.sh")], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path)
+    r = check_in(tmp_path)
     assert r.returncode != 0 and "tensor-paralel-size" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_docker_check_catches_images_that_drift_apart(tmp_path):
+    """What both images share (user, ports, health check, entrypoint, secrets) is one text: the GPU image, which
+    cannot be built here, gets what the CPU image's run proves."""
+    copy_tree(tmp_path)
+    gpu = tmp_path / "docker" / "Dockerfile.gpu"
+    gpu.write_text(gpu.read_text().replace("/run/secrets/admin_token", "/run/secrets/admin"))
+    r = check_in(tmp_path)
+    assert r.returncode != 0 and "differ after" in r.stdout, r.stdout + r.stderr
+
+
+def test_healthcheck_script(tmp_path):
+    """docker/healthcheck.py, the one probe of every container: 0 on a 2xx answer, 1 with the reason otherwise."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/healthz" else 503)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    script = [sys.executable, str(ROOT / "docker" / "healthcheck.py")]
+    try:
+        ok = subprocess.run(script, env={"ROLLOUT_HEALTHCHECK_URL": base + "/healthz"}, capture_output=True, text=True)
+        bad = subprocess.run(script + [base + "/readyz"], capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    closed = subprocess.run(script + [base + "/healthz"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert bad.returncode == 1 and "503" in bad.stderr
+    assert closed.returncode == 1 and "healthcheck" in closed.stderr
+
+
+def test_run_check_script_parses():
+    """docker/run_check.sh (builds and runs the images; minutes, so on demand) is valid bash with its options."""
+    r = subprocess.run(["bash", "-n", str(ROOT / "docker" / "run_check.sh")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["bash", str(ROOT / "docker" / "run_check.sh"), "--help"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0 and "--stack" in r.stdout and "--no-cache" in r.stdout, r.stdout + r.stderr
 
 
 def test_engine_actors_do_not_inherit_the_front_ends_lifeline():
