@@ -29,7 +29,7 @@
 #                                             step's samples from the policy's own hidden states, pushes it every
 #                                             DRAFT_EVERY=2 steps) against the same head frozen: same seed, same
 #                                             service settings (k chosen per step, k <= 3; K_CONTROL=fixed drafts
-#                                             k = 3 every step), default 30 steps at lr 2e-5 (the policy moves: KL
+#                                             k = 3 every step), default 30 steps at lr 1e-5 (the policy moves: KL
 #                                             to the start is reported), 4 x 8 samples, MODE=sync (or async: the
 #                                             head trains in the background); ARMS="frozen online" sets the order,
 #                                             TAG a suffix for repeated passes; then per step acceptance (and per
@@ -96,7 +96,7 @@ case "$what" in
     against_service adapt-frozen "$serve" --mode sync "${long[@]}" --drafter "$cut" --no-adapt-drafter
     against_service adapt-online "$serve" --mode sync "${long[@]}" --drafter "$cut" --adapt-drafter ;;
   adapt-eagle3)
-    steps=${2:-30} lr=${3:-2e-5} tag=${TAG:-}
+    steps=${2:-30} lr=${3:-1e-5} tag=${TAG:-}
     head=$("$py" -c 'from rollout_service.drafting.drafters import default_drafter_dir; print(default_drafter_dir("eagle3"))')
     [[ -s $head/config.json ]] || { echo "no EAGLE-3 head at $head: run rollout-service prepare-drafter --kind eagle3"; exit 1; }
     long=(--steps "$steps" --lr "$lr" --prompts 4 --eval-size 16 --eval-every 1000 --mode "${MODE:-sync}"

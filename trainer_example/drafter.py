@@ -86,7 +86,7 @@ class OnlineEagle3Head:
     The head's embeddings are the policy's (vLLM shares them), snapshotted when a step's first features arrive.
     Its own random generator: adapting draws nothing from the policy's."""
 
-    def __init__(self, head_dir: str | Path, policy, *, lr: float = 3e-4, steps: int = 3, temperature: float = 1.0,
+    def __init__(self, head_dir: str | Path, policy, *, lr: float = 1e-4, steps: int = 3, temperature: float = 1.0,
                  batch: int = 8, epochs: int = 1, background: bool = False, seed: int = 0):
         from rollout_service.drafting import eagle3
 

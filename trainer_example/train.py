@@ -79,8 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "on the step's samples from the policy's own hidden states; with --target, eagle3 needs "
                          "--drafter, the head the service loaded)")
     ap.add_argument("--draft-every", type=int, default=2, help="steps between drafter pushes")
-    ap.add_argument("--drafter-lr", type=float, default=None,
-                    help="the drafter's learning rate (default 1e-4 for draft_model, 3e-4 for an EAGLE-3 head)")
+    ap.add_argument("--drafter-lr", type=float, default=1e-4, help="the drafter's learning rate (AdamW)")
     ap.add_argument("--head-batch", type=int, default=8, help="eagle3: samples per optimiser step of the head")
     ap.add_argument("--head-epochs", type=int, default=1, help="eagle3: passes over each step's samples")
     ap.add_argument("--weight-sync", choices=["transfer", "push"], default="transfer",
@@ -111,9 +110,9 @@ class Trainer:
         adapt = args.adapt_drafter if args.adapt_drafter is not None else drafter_kind == "draft_model"
         self.drafter = self.head = None
         if drafter_dir and adapt and drafter_kind == "draft_model":
-            self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr or 1e-4)
+            self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr)
         elif drafter_dir and adapt and drafter_kind == "eagle3":
-            self.head = OnlineEagle3Head(drafter_dir, self.policy, lr=args.drafter_lr or 3e-4, steps=draft_steps,
+            self.head = OnlineEagle3Head(drafter_dir, self.policy, lr=args.drafter_lr, steps=draft_steps,
                                          temperature=args.temperature, batch=args.head_batch,
                                          epochs=args.head_epochs, background=args.mode == "async", seed=args.seed)
 
