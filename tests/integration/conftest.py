@@ -104,6 +104,24 @@ def client(service):
 
 
 @pytest.fixture(scope="module")
+def hf_model(tiny_model):
+    """The served model's weights as they start, in transformers (float32): the tests' independent forward pass."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    """An HTTP client on the shared service's HTTP port."""
+    import httpx
+
+    with httpx.Client(base_url=service.http, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
 def policy(tiny_model, client):
     """The trainer side: a model whose weights mirror what the shared service serves. Restored at the end of the
     module (test_weights.py, test_weight_transfer.py)."""

@@ -2,17 +2,12 @@
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from rollout_service.drafting.reference import processed_logprobs
 
 VOCAB = 49152
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683], [1, 28, 29, 30, 31, 32, 33]]
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_model):
-    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
 
 
 def test_streams_n_samples_per_prompt_with_max_tokens(client):

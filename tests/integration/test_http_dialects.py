@@ -11,22 +11,10 @@ import openai
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
 
 from rollout_service.drafting.reference import processed_logprobs
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_model):
-    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def http(service):
-    with httpx.Client(base_url=service.http, timeout=120) as c:
-        yield c
 
 
 def assert_matches_forward_pass(hf_model, prompt, token_ids, logprobs, temperature, top_k=0, top_p=1.0):

@@ -6,14 +6,13 @@ import json
 import time
 
 import grpc
-import httpx
 import numpy as np
 import openai
 import pytest
 import torch
 from rollout_client import RolloutClient, build_request
 from rollout_client.launcher import ServiceProcess
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from rollout_service.drafting.reference import processed_logprob_rows
 from rollout_tasks.chat import chat_token_ids
@@ -22,17 +21,6 @@ from tests.tiny_models import perturbed_copy
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 TOL = 1e-3          # nats; float32 on both sides
 K = 20              # the default max_top_logprobs
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_model):
-    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def http(service):
-    with httpx.Client(base_url=service.http, timeout=120) as c:
-        yield c
 
 
 def assert_top_k(model, prompt, token_ids, logprobs, top_ids, top_lps, temperature, top_k=0, top_p=1.0):
