@@ -110,6 +110,8 @@ def random_generate(rng) -> pb.GenerateRequest:
             prompts.append(pb.Prompt(token_ids=[weird_int(rng) for _ in range(rng.randint(0, 12))]))
         else:
             prompts.append(pb.Prompt(text=random_text(rng), apply_chat_template=rng.random() < 0.5))
+        if rng.random() < 0.2:
+            prompts[-1].partial.CopyFrom(random_partial(rng))
     sp = pb.SamplingParams(stop=[random_text(rng) for _ in range(rng.randint(0, 2))],
                            stop_token_ids=[weird_int(rng) for _ in range(rng.randint(0, 2))],
                            ignore_eos=rng.random() < 0.3)
@@ -122,13 +124,32 @@ def random_generate(rng) -> pb.GenerateRequest:
                               prompts=prompts, n=rng.choice([0, 1, 3, -5, 10_000]), sampling=sp,
                               min_policy_version=rng.choice([0, 0, -1, 2**62]), return_text=rng.random() < 0.5,
                               top_logprobs=rng.choice([0, 0, 1, 5, 20, 21, -1, weird_int(rng)]),
-                              stream_tokens=rng.random() < 0.5)
+                              stream_tokens=rng.random() < 0.5, return_partial=rng.random() < 0.5)
+
+
+def random_partial(rng) -> pb.PartialSample:
+    """Tokens to continue: as often malformed (lengths, spans, log-probs, top-k rows) as well-formed."""
+    n = rng.choice([0, 1, 3, 200])
+    k = rng.choice([0, 0, 2])
+    spans = rng.choice([[(0, 0)], [], [(1, 0), (2, rng.randint(0, n + 1))], [(weird_int(rng), weird_int(rng))]])
+    return pb.PartialSample(
+        token_ids=[rng.choice([rng.randint(1, 100), weird_int(rng)]) for _ in range(n)],
+        logprobs=[rng.choice([-1.0, weird_float(rng)]) for _ in range(n + rng.choice([0, 0, -1, 1]))],
+        version_spans=[pb.VersionSpan(policy_version=v, first_token=t) for v, t in spans],
+        top_token_ids=[rng.randint(0, 100) for _ in range(n * k)], top_logprobs=[-2.0] * (n * k))
 
 
 def valid_generate(rng) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompts=[pb.Prompt(token_ids=[1, 2, 3])], n=2,
-                              sampling=pb.SamplingParams(max_tokens=4, temperature=1.0, seed=rng.getrandbits(16)),
-                              top_logprobs=rng.choice([0, 3, 20]), stream_tokens=rng.random() < 0.5)
+    req = pb.GenerateRequest(prompts=[pb.Prompt(token_ids=[1, 2, 3])], n=2,
+                             sampling=pb.SamplingParams(max_tokens=4, temperature=1.0, seed=rng.getrandbits(16)),
+                             top_logprobs=rng.choice([0, 3, 20]), stream_tokens=rng.random() < 0.5,
+                             return_partial=rng.random() < 0.5)
+    if rng.random() < 0.3:                       # continue a partial sample of two tokens
+        k = req.top_logprobs
+        req.prompts[0].partial.CopyFrom(pb.PartialSample(
+            token_ids=[5, 6], logprobs=[-1.0, -2.0], version_spans=[pb.VersionSpan(policy_version=0)],
+            top_token_ids=[7] * (2 * k), top_logprobs=[-3.0] * (2 * k)))
+    return req
 
 
 def random_push(rng) -> list[pb.PushRequest]:

@@ -24,6 +24,10 @@ class ModelInfo:
         return cls(path=path, vocab_size=int(config["vocab_size"]), max_model_len=ctx,
                    tokenizer=AutoTokenizer.from_pretrained(path))
 
+    def decode(self, ids: list[int]) -> str:
+        """A sample's text, as vLLM's detokenizer gives it (blocking: call in the tokenizer thread)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def encode(self, text: str, chat: bool) -> list[int]:
         if chat:
             return chat_token_ids(self.tokenizer, user_turn(text))

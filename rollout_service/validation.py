@@ -10,6 +10,7 @@ from rollout_service.api import pb
 from rollout_service.engine.types import SeqRequest
 from rollout_service.errors import Name, invalid_field
 from rollout_service.model_info import ModelInfo
+from rollout_service.pool.partial import Partial
 
 DEFAULT_MAX_TOKENS = 128
 MAX_TEMPERATURE = 2.0
@@ -35,6 +36,8 @@ class CheckedRequest:
     groups: list[list[SeqRequest]]   # groups[prompt_index][sample_index]
     prompt_token_ids: list[list[int]]
     text_prompts: set[int]        # prompt indices that arrived as text
+    partials: list[Partial | None]   # per prompt: the partial sample it continues (Prompt.partial)
+    return_partial: bool = False     # aborted samples come back partial (GenerateRequest.return_partial)
 
 
 def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
@@ -91,6 +94,7 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
                             f"max_top_logprobs), got {req.top_logprobs}")
 
     prompts: list[list[int]] = []
+    partials: list[Partial | None] = []
     text_prompts: set[int] = set()
     for i, p in enumerate(req.prompts):
         if p.token_ids and p.text:
@@ -110,12 +114,16 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
                                     f"={max_tokens} exceed the context length {model.max_model_len}; shorten "
                                     "the prompt or lower ", MAX_TOKENS)
         prompts.append(ids)
+        partials.append(_partial(f"prompts[{i}].partial", p.partial, req.top_logprobs, max_tokens, model.vocab_size)
+                        if p.HasField("partial") else None)
 
     base = rid or uuid.uuid4().hex
     seed = sp.seed if sp.HasField("seed") else None
     groups = [
-        [SeqRequest(seq_id=f"{base}-{uuid.uuid4().hex[:8]}-{pi}-{si}", prompt_token_ids=ids,
-                    temperature=temperature, top_p=top_p, top_k=max(top_k, 0), max_tokens=max_tokens,
+        [SeqRequest(seq_id=f"{base}-{uuid.uuid4().hex[:8]}-{pi}-{si}",
+                    prompt_token_ids=ids + partials[pi].token_ids if partials[pi] else ids,
+                    temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
+                    max_tokens=max_tokens - len(partials[pi]) if partials[pi] else max_tokens,
                     stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids),
                     seed=None if seed is None else sample_seed(seed, pi, si), ignore_eos=sp.ignore_eos,
                     detokenize=bool(sp.stop) or req.return_text, top_logprobs=req.top_logprobs,
@@ -124,4 +132,40 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
         for pi, ids in enumerate(prompts)
     ]
     fingerprint = hashlib.sha256(req.SerializeToString(deterministic=True)).digest()
-    return CheckedRequest(rid, fingerprint, groups, prompts, text_prompts)
+    return CheckedRequest(rid, fingerprint, groups, prompts, text_prompts, partials, req.return_partial)
+
+
+def _partial(where: str, p: pb.PartialSample, k: int, max_tokens: int, vocab_size: int) -> Partial:
+    """Prompt.partial -> Partial, or INVALID_ARGUMENT naming the part at fault."""
+    n = len(p.token_ids)
+    bad = next((t for t in p.token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise invalid_field(f"{where}.token_ids", f"{bad} is outside the vocabulary [0, {vocab_size})")
+    if n >= max_tokens:
+        raise invalid_field(f"{where}.token_ids", f"{n} tokens already generated leave none of ",
+                            Name("sampling.max_tokens"), f"={max_tokens} (it bounds the whole sample); raise ",
+                            MAX_TOKENS)
+    if len(p.logprobs) != n:
+        raise invalid_field(f"{where}.logprobs", f"{len(p.logprobs)} log-probs for {n} tokens; give one per token")
+    if not all(lp <= 0 for lp in p.logprobs):               # also NaN
+        raise invalid_field(f"{where}.logprobs", "log-probs must be <= 0 (and not NaN)")
+    spans = [(s.policy_version, s.first_token) for s in p.version_spans]
+    if n and not spans:
+        raise invalid_field(f"{where}.version_spans", "the policy versions that generated the tokens are required "
+                            "(the partial sample's version_spans)")
+    starts = [t for _, t in spans]
+    if spans and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= max(n, 1)
+                  or any(v < 0 for v, _ in spans)):
+        raise invalid_field(f"{where}.version_spans", f"must start at token 0 with first_token strictly increasing "
+                            f"and below {n} (the partial's length), versions >= 0; got {spans}")
+    for name, rows in (("top_token_ids", p.top_token_ids), ("top_logprobs", p.top_logprobs)):
+        if len(rows) != n * k:
+            raise invalid_field(f"{where}.{name}", f"{len(rows)} values; the request's top_logprobs={k} needs "
+                                f"{n} x {k} = {n * k} (the partial sample's own top-k rows)")
+    bad = next((t for t in p.top_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise invalid_field(f"{where}.top_token_ids", f"{bad} is outside the vocabulary [0, {vocab_size})")
+    ids, lps = list(p.top_token_ids), list(p.top_logprobs)
+    return Partial(token_ids=list(p.token_ids), logprobs=list(p.logprobs), version_spans=spans,
+                   top_token_ids=[ids[i * k:(i + 1) * k] for i in range(n)] if k else [],
+                   top_logprobs=[lps[i * k:(i + 1) * k] for i in range(n)] if k else [])

@@ -32,6 +32,7 @@ class FakeEngine(Engine):
         self.dead = False                 # kill(): the engine's "process" is gone
         self.starts = 0
         self.fail_starts = 0              # fail the next N start calls
+        self.aborting = False             # pause("abort"): running sequences end now, with finish "abort"
 
     def kill(self) -> None:
         """Simulate the engine process dying: pending and new generate calls raise, alive() is False."""
@@ -68,6 +69,9 @@ class FakeEngine(Engine):
                 await asyncio.sleep(self.step_s)
                 if self.dead:
                     raise RuntimeError("engine process died")
+                if self.aborting:             # as vLLM's pause in abort mode: the tokens so far, finish "abort"
+                    finish = "abort"
+                    break
                 tok = rng.randrange(self.vocab_size)
                 tokens.append(tok)
                 if req.stream and on_delta is not None:
@@ -102,9 +106,11 @@ class FakeEngine(Engine):
     async def pause(self, mode: str) -> None:
         self.events.append(("pause", mode))
         self.state = EngineState.PAUSED
+        self.aborting = mode == "abort"
 
     async def resume(self) -> None:
         self.events.append(("resume",))
+        self.aborting = False
         self.state = EngineState.READY
 
     async def load_weights(self, path: str, target: str) -> None:

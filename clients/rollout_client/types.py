@@ -55,16 +55,25 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
                   top_k: int | None = None, max_tokens: int | None = None, stop=(), seed: int | None = None,
                   ignore_eos: bool = False, stop_token_ids=(), request_id: str = "",
                   min_policy_version: int = 0, return_text: bool = False,
-                  chat: bool = False, top_logprobs: int = 0, stream_tokens: bool = False) -> pb.GenerateRequest:
+                  chat: bool = False, top_logprobs: int = 0, stream_tokens: bool = False,
+                  return_partial: bool = False, partials=None) -> pb.GenerateRequest:
     """prompts: a list whose items are token-id sequences (list/array of ints) or strings. top_logprobs: k most
     likely tokens per position (Sample.top_token_ids / top_logprobs). stream_tokens: also yield each sample's new
-    tokens as they are produced (Sample.delta), before the whole sample."""
+    tokens as they are produced (Sample.delta), before the whole sample. return_partial: a sample aborted by a
+    weight push or pause in abort mode comes back as it stands (finish_reason "abort") instead of the request
+    failing with ABORTED. partials: one per prompt, None or a partial Sample (an aborted one) to continue: each
+    sample of that prompt comes back as one sample, the partial's tokens first; max_tokens bounds both parts."""
+    if partials is not None and len(partials) != len(prompts):
+        raise ValueError(f"partials: one per prompt (None for a fresh one); got {len(partials)} for "
+                         f"{len(prompts)} prompts")
     items = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         if isinstance(p, str):
             items.append(pb.Prompt(text=p, apply_chat_template=chat))
         else:
             items.append(pb.Prompt(token_ids=[int(t) for t in p]))
+        if partials is not None and partials[i] is not None:
+            items[-1].partial.CopyFrom(partial_to_proto(partials[i]))
     sp = pb.SamplingParams(stop=list(stop), ignore_eos=ignore_eos, stop_token_ids=list(stop_token_ids))
     for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
                         ("max_tokens", max_tokens), ("seed", seed)):
@@ -72,7 +81,18 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
             setattr(sp, name, value)
     return pb.GenerateRequest(request_id=request_id, prompts=items, n=n, sampling=sp,
                               min_policy_version=min_policy_version, return_text=return_text,
-                              top_logprobs=top_logprobs, stream_tokens=stream_tokens)
+                              top_logprobs=top_logprobs, stream_tokens=stream_tokens, return_partial=return_partial)
+
+
+def partial_to_proto(s) -> pb.PartialSample:
+    """A Sample (or anything with its token_ids, logprobs, version_spans and optional top_* fields) -> the
+    PartialSample that continues it."""
+    top_ids, top_lps = getattr(s, "top_token_ids", None), getattr(s, "top_logprobs", None)
+    return pb.PartialSample(
+        token_ids=[int(t) for t in s.token_ids], logprobs=[float(x) for x in s.logprobs],
+        version_spans=[pb.VersionSpan(policy_version=int(v), first_token=int(t)) for v, t in s.version_spans],
+        top_token_ids=[] if top_ids is None else np.asarray(top_ids, dtype=np.int64).ravel().tolist(),
+        top_logprobs=[] if top_lps is None else np.asarray(top_lps, dtype=np.float32).ravel().tolist())
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.types import SeqRequest
 from rollout_service.errors import ServiceError, refused_by_engine, unavailable
 from rollout_service.pool.committed import CommittedWeights
+from rollout_service.pool.partial import Partial
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
 from rollout_service.pool.telemetry import Telemetry
 from rollout_service.scratch import scratch_root
@@ -195,8 +196,11 @@ class EnginePool:
         await asyncio.gather(*(e.set_versions(self.policy_version, self.draft_version) for e in engines))
 
     # ---- data plane ------------------------------------------------------------------------------
-    def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]]) -> RequestRecord:
-        """Admit a request (groups[p] = the samples of prompt p) or return the record it retries."""
+    def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]], *,
+               partials: list[Partial | None] | None = None, return_partial: bool = False) -> RequestRecord:
+        """Admit a request (groups[p] = the samples of prompt p) or return the record it retries. partials[p]: the
+        partial sample prompt p's samples continue (their engine prompts already end with its tokens).
+        return_partial: an aborted sample is a result (finish "abort"), not the request's failure."""
         if self.closing:
             raise unavailable("the server is shutting down; retry the request against a running server")
         existing = self.requests.get(request_id) if request_id else None
@@ -216,7 +220,8 @@ class EnginePool:
                  if e.state in (EngineState.READY, EngineState.PAUSED) and e.id not in self.draining]
         if not ready:
             raise unavailable("no engine is ready to serve (starting or unhealthy); retry shortly")
-        rec = RequestRecord(request_id=request_id, fingerprint=fingerprint, expected=count)
+        rec = RequestRecord(request_id=request_id, fingerprint=fingerprint, expected=count,
+                            return_partial=return_partial)
         admitted = time.monotonic()
         for p, group in enumerate(groups):
             engine = min(ready, key=lambda e: self.load[e.id])   # the whole group on one engine
@@ -224,7 +229,8 @@ class EnginePool:
             for s, seq in enumerate(group):
                 self.depth += 1
                 slot = _Slot(engine.id)
-                task = asyncio.create_task(self._run(rec, engine, p, s, seq, admitted, slot))
+                task = asyncio.create_task(self._run(rec, engine, p, s, seq, admitted, slot,
+                                                     partials[p] if partials else None))
                 # also on completion: a task cancelled before it ever ran still releases its slot
                 task.add_done_callback(lambda _t, sl=slot: self._release(sl))
                 rec.tasks.append(task)
@@ -243,10 +249,11 @@ class EnginePool:
         self.telemetry.m_queue.set(self.depth)
 
     async def _run(self, rec: RequestRecord, engine: Engine, p: int, s: int, seq: SeqRequest,
-                   admitted: float, slot: "_Slot") -> None:
+                   admitted: float, slot: "_Slot", partial: Partial | None = None) -> None:
         try:
             if seq.stream:
-                result = await engine.generate(seq, lambda d: rec.add_delta(p, s, d))
+                result = await engine.generate(
+                    seq, lambda d: rec.add_delta(p, s, partial.shifted(d) if partial else d))
             else:
                 result = await engine.generate(seq)
         except ServiceError as e:
@@ -264,7 +271,7 @@ class EnginePool:
             return
         finally:
             self._release(slot)
-        if result.finish_reason == "abort":
+        if result.finish_reason == "abort" and not rec.return_partial:
             self._fail(rec, ServiceError(grpc.StatusCode.ABORTED,
                                          f"generation was aborted on {engine.id} (a weight push in abort mode "
                                          "committed new weights); retry the request"))
@@ -274,7 +281,7 @@ class EnginePool:
                                        result.policy_version, result.draft_version,
                                        result.num_drafted, result.num_accepted, result.spec_steps,
                                        result.accepted_per_pos)
-        rec.add(IndexedResult(p, s, result))
+        rec.add(IndexedResult(p, s, partial.joined(result) if partial else result))
         if len(rec.results) == rec.expected:
             rec.finish()
             self.live.discard(rec)

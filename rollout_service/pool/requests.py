@@ -35,7 +35,9 @@ class IndexedDelta:
 
 @dataclass
 class Progress:
-    """An unfinished sample's tokens so far, as the engine reported them (TokenDelta's fields, whole)."""
+    """An unfinished sample's tokens so far, as the engine reported them (TokenDelta's fields, whole), from index
+    `first` of the sample on (a continued partial sample's new tokens start after the partial's)."""
+    first: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_token_ids: list[list[int]] = field(default_factory=list)
@@ -43,8 +45,8 @@ class Progress:
     version_spans: list[tuple[int, int]] = field(default_factory=list)
 
     def extend(self, d: TokenDelta) -> None:
-        if d.start != len(self.token_ids):          # never: an engine reports every token once, in order
-            raise ValueError(f"a delta starting at {d.start} follows {len(self.token_ids)} tokens")
+        if d.start != self.end:          # never: an engine reports every token once, in order
+            raise ValueError(f"a delta starting at {d.start} follows the tokens before {self.end}")
         self.token_ids += d.token_ids
         self.logprobs += d.logprobs
         self.top_token_ids += d.top_token_ids
@@ -53,13 +55,19 @@ class Progress:
             if not self.version_spans or self.version_spans[-1][0] != v:
                 self.version_spans.append((v, t))
 
+    @property
+    def end(self) -> int:
+        """The index after the last token held."""
+        return self.first + len(self.token_ids)
+
     def since(self, start: int) -> TokenDelta:
-        """The tokens from index `start` on, with the versions that produced them."""
+        """The tokens from index `start` (>= first) on, with the versions that produced them."""
+        off = start - self.first
         spans = [(v, max(t, start)) for i, (v, t) in enumerate(self.version_spans)
                  if i + 1 == len(self.version_spans) or self.version_spans[i + 1][1] > start]
-        return TokenDelta(start=start, token_ids=self.token_ids[start:], logprobs=self.logprobs[start:],
-                          version_spans=spans, top_token_ids=self.top_token_ids[start:],
-                          top_logprobs=self.top_logprobs[start:])
+        return TokenDelta(start=start, token_ids=self.token_ids[off:], logprobs=self.logprobs[off:],
+                          version_spans=spans, top_token_ids=self.top_token_ids[off:],
+                          top_logprobs=self.top_logprobs[off:])
 
 
 @dataclass(eq=False)
@@ -75,6 +83,7 @@ class RequestRecord:
     tasks: list[asyncio.Task] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     progress: dict[tuple[int, int], Progress] = field(default_factory=dict)   # unfinished samples (streaming)
+    return_partial: bool = False    # an aborted sample is a result, not the request's failure
 
     def add(self, item: IndexedResult) -> None:
         self.progress.pop((item.prompt_index, item.sample_index), None)
@@ -85,7 +94,7 @@ class RequestRecord:
         """New tokens of an unfinished sample (called by the engine's step loop: never blocks)."""
         if self.done:
             return
-        self.progress.setdefault((prompt_index, sample_index), Progress()).extend(delta)
+        self.progress.setdefault((prompt_index, sample_index), Progress(first=delta.start)).extend(delta)
         self._notify()
 
     def finish(self, error: ServiceError | None = None) -> None:
@@ -118,9 +127,9 @@ class RequestRecord:
                 moved = True
             if deltas:
                 for key, prog in list(self.progress.items()):
-                    at = sent.get(key, 0)
-                    if len(prog.token_ids) > at and key in self.progress:
-                        sent[key] = len(prog.token_ids)
+                    at = sent.get(key, prog.first)
+                    if prog.end > at and key in self.progress:
+                        sent[key] = prog.end
                         yield IndexedDelta(key[0], key[1], prog.since(at))
                         moved = True
             if moved:                                    # a yield may have waited: look again before sleeping

@@ -75,7 +75,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                                f"min_policy_version={request.min_policy_version} but the service serves "
                                f"policy version {self.pool.policy_version}; push newer weights first or "
                                "lower min_policy_version")
-        return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups)
+        return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups,
+                                         partials=checked.partials, return_partial=checked.return_partial)
 
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK
@@ -94,6 +95,9 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                     continue
                 send_prompt = p in checked.text_prompts and p not in sent_prompt
                 sent_prompt.add(p)
+                if request.return_text and checked.partials[p]:      # the engine decoded the new part only
+                    item.result.text = await asyncio.get_running_loop().run_in_executor(
+                        TOKENIZER, self.model.decode, item.result.token_ids)
                 yield sample_to_proto(item, checked.prompt_token_ids[p], send_prompt, request.return_text)
         except ServiceError as e:
             code = e.code

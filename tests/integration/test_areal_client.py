@@ -129,12 +129,37 @@ def test_areal_agenerate(areal, engine, policy):
     assert logprob_gap(policy, PROMPTS[0], r, 1.0) < 2e-3
 
 
-def test_areal_disk_update_interrupts_and_serves_new_weights(areal, service, engine, policy, tmp_path):
+def tokens_flowing(service) -> None:
+    """Return once the engine is decoding: a gRPC request streaming its tokens (on the one engine, so in the same
+    batch as every sequence admitted before it) has its first tokens. It is aborted by the update that follows."""
+    from rollout_client import RolloutClient
+
+    seen = threading.Event()
+
+    def clock():
+        with RolloutClient(service.target) as c:
+            try:
+                for s in c.generate([[1, 2, 3]], max_tokens=400, ignore_eos=True, stream_tokens=True):
+                    if s.delta and s.delta_start + len(s.token_ids) >= 3:
+                        seen.set()
+            except Exception:  # noqa: BLE001 - the abort ends it; only its first tokens matter
+                pass
+            seen.set()
+
+    threading.Thread(target=clock, daemon=True).start()
+    assert seen.wait(60), "no tokens generated in 60 s"
+
+
+def test_areal_disk_update_interrupts_and_its_partial_rollout_continues(areal, service, engine, policy, tmp_path):
     """A generation in flight when AReaL's trainer updates weights from disk: pause_generation (abort mode)
-    ends it, AReaL's agenerate resubmits, the request waits out the update and finishes under the new
-    weights; the service commits exactly one new version, and serves the new weights afterwards."""
+    ends it and the service answers the tokens it has (SGLang's finish_reason abort with the output ids and
+    log-probs); AReaL's agenerate continues from them (its partial-rollout loop: prompt + output so far, the
+    tokens left), the request waits out the update and finishes under the new weights. One rollout of 480
+    tokens, the first part the old policy's and the rest the new one's, with AReaL's versions saying which; the
+    service commits exactly one new version, and serves the new weights afterwards."""
     new = perturbed(policy, seed=11)
     before = served_version(service)
+    areal_version = engine.get_version()
     result = {}
 
     def long_rollout():
@@ -144,17 +169,25 @@ def test_areal_disk_update_interrupts_and_serves_new_weights(areal, service, eng
     t.start()
     wait_for(lambda: httpx.get(service.http + "/v1/status", timeout=30).json()["queue_depth"] > 0, 30,
              "AReaL's request to be admitted")
+    tokens_flowing(service)
     disk_update(areal, engine, new, tmp_path)
     t.join(180)
     assert not t.is_alive(), "AReaL's interrupted rollout never finished"
     assert served_version(service) == before + 1
 
     r = result["r"]
-    assert r.stop_reason == "length" and len(r.output_tokens) == 480
-    # All of it sampled by the new weights (the aborted attempt's tokens were not returned; AReaL resubmitted
-    # the prompt), and the new weights are far enough from the old that the check tells them apart
-    assert logprob_gap(new, PROMPTS[0], r, 1.0) < 2e-3
-    assert logprob_gap(policy, PROMPTS[0], r, 1.0) > 0.05
+    assert r.stop_reason == "length" and len(r.output_tokens) == 480 and r.input_tokens == PROMPTS[0]
+    cut = r.output_versions.count(areal_version)         # tokens of the aborted attempt, continued by AReaL
+    assert 0 < cut < 480 and r.output_versions == [areal_version] * cut + [areal_version + 1] * (480 - cut)
+    old_part = type(r)(input_tokens=r.input_tokens, output_tokens=r.output_tokens[:cut],
+                       output_logprobs=r.output_logprobs[:cut])
+    assert logprob_gap(policy, PROMPTS[0], old_part, 1.0) < 2e-3
+    # the rest: the new weights on the whole prefix (and far enough from the old that the check tells them apart)
+    ref_new = processed_logprobs(new, PROMPTS[0], list(r.output_tokens), 1.0, 0, 1.0)[cut:]
+    ref_old = processed_logprobs(policy, PROMPTS[0], list(r.output_tokens), 1.0, 0, 1.0)[cut:]
+    served = np.asarray(r.output_logprobs[cut:])
+    assert np.max(np.abs(served - ref_new.numpy())) < 2e-3
+    assert np.max(np.abs(served - ref_old.numpy())) > 0.05
 
     fresh = generate(areal, engine, PROMPTS, max_new_tokens=10, temperature=1.0, ignore_eos=True)
     for prompt, r in zip(PROMPTS, fresh):

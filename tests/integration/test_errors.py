@@ -1,4 +1,6 @@
 """Bad input gets INVALID_ARGUMENT naming the field, and the service goes on serving."""
+from collections import namedtuple
+
 import grpc
 import pytest
 
@@ -6,6 +8,8 @@ from rollout_client import build_request
 from rollout_service.api import pb
 
 GOOD = [[1, 2, 3]]
+Part = namedtuple("Part", "token_ids logprobs version_spans")         # what a partial Sample carries
+PART = Part(token_ids=[5, 6], logprobs=[-1.0, -2.0], version_spans=[(0, 0)])
 
 BAD = [
     ("no prompts", dict(prompts=[]), "prompts"),
@@ -32,6 +36,17 @@ BAD = [
     ("negative top_logprobs", dict(top_logprobs=-1), "top_logprobs"),
     ("top_logprobs far above the limit while streaming tokens", dict(top_logprobs=2**31 - 1, stream_tokens=True),
      "top_logprobs"),
+    ("partial token id above vocab", dict(partials=[PART._replace(token_ids=[5, 49152])], max_tokens=8),
+     "prompts[0].partial.token_ids"),
+    ("partial leaving no tokens to generate", dict(partials=[PART], max_tokens=2), "prompts[0].partial.token_ids"),
+    ("partial log-probs not one per token", dict(partials=[PART._replace(logprobs=[-1.0])], max_tokens=8),
+     "prompts[0].partial.logprobs"),
+    ("partial positive log-prob", dict(partials=[PART._replace(logprobs=[-1.0, 3.0])], max_tokens=8),
+     "prompts[0].partial.logprobs"),
+    ("partial without version spans", dict(partials=[PART._replace(version_spans=[])], max_tokens=8),
+     "prompts[0].partial.version_spans"),
+    ("partial without the requested top-k rows", dict(partials=[PART], max_tokens=8, top_logprobs=2),
+     "prompts[0].partial.top_token_ids"),
 ]
 
 

@@ -1,5 +1,6 @@
 """Weight pushes on a real engine: new weights serve (checked against an independent forward pass),
 in-flight modes, failures that leave the old version serving, version ordering, LoadWeights."""
+import copy
 import tempfile
 import threading
 import time
@@ -158,10 +159,10 @@ def test_stream_cut_mid_way_changes_nothing(service, client, policy):
     assert_serves(client, policy, before)
 
 
-def _stream_in_background(client, max_tokens, out):
+def _stream_in_background(client, max_tokens, out, **kw):
     def run():
         try:
-            out["samples"] = list(client.generate(PROMPTS, n=2, max_tokens=max_tokens, ignore_eos=True, seed=9))
+            out["samples"] = list(client.generate(PROMPTS, n=2, max_tokens=max_tokens, ignore_eos=True, seed=9, **kw))
         except grpc.RpcError as e:
             out["error"] = e
     t = threading.Thread(target=run)
@@ -183,6 +184,47 @@ def test_abort_mode_ends_in_flight_requests_with_aborted(client, policy):
     assert "error" in out and out["error"].code() == grpc.StatusCode.ABORTED
     assert "retry" in out["error"].details()
     assert_serves(client, policy, v)
+
+
+def test_abort_mode_returns_partial_samples_that_continue_under_the_new_version(client, policy, tiny_model):
+    """return_partial: the abort ends each in-flight sample as it stands (FINISH_REASON_ABORT, the old policy's
+    tokens and log-probs); each continues (Prompt.partial) under the new weights into ONE sample of max_tokens:
+    the partial first, version spans old then new, the new part's log-probs the new policy's on the whole prefix."""
+    from transformers import AutoTokenizer
+
+    old_model = copy.deepcopy(policy)
+    out = {}
+    old = client.status().policy_version
+    t = _stream_in_background(client, 400, out, return_partial=True, temperature=0.9)
+    perturb(policy, seed=6)
+    v = old + 1
+    client.push_weights(policy, v, mode="abort")
+    t.join(60)
+    assert "error" not in out and len(out["samples"]) == 4
+    parts = out["samples"]
+    assert all(s.finish_reason == "abort" and len(s.token_ids) < 400 for s in parts)
+    assert sum(len(s.token_ids) for s in parts) > 0, "the abort came before any token: nothing to continue"
+    for s in parts:
+        if len(s.token_ids):
+            assert s.version_spans == [(old, 0)]
+            ref = processed_logprobs(old_model, PROMPTS[s.prompt_index], s.token_ids.tolist(), 0.9, 0, 1.0)
+            np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=2e-3, rtol=0)
+
+    prompts = [PROMPTS[s.prompt_index] for s in parts]
+    done = [g[0] for g in client.generate_all(prompts, partials=parts, max_tokens=400, ignore_eos=True,
+                                              temperature=0.9, seed=10, return_text=True)]
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    for part, s, prompt in zip(parts, done, prompts):
+        n = len(part.token_ids)
+        assert len(s.token_ids) == 400 and s.finish_reason == "length" and s.num_prompt_tokens == len(prompt)
+        assert s.token_ids[:n].tolist() == part.token_ids.tolist() and np.array_equal(s.logprobs[:n], part.logprobs)
+        assert s.version_spans == ([(old, 0), (v, n)] if n else [(v, 0)]) and s.policy_version == (old if n else v)
+        new = processed_logprobs(policy, prompt, s.token_ids.tolist(), 0.9, 0, 1.0)[n:]
+        np.testing.assert_allclose(s.logprobs[n:], new.numpy(), atol=2e-3, rtol=0)
+        assert s.text == tok.decode(s.token_ids.tolist(), skip_special_tokens=True)   # the whole sample's text
+    with pytest.raises(grpc.RpcError) as e:
+        client.generate_all(prompts[:1], partials=parts[:1], max_tokens=len(parts[0].token_ids))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompts[0].partial.token_ids" in e.value.details()
 
 
 def test_wait_mode_lets_in_flight_finish_on_the_old_version(client, policy):

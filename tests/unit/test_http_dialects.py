@@ -270,6 +270,35 @@ def test_abort_ends_samples_with_finish_reason_abort(make):
     asyncio.run(main())
 
 
+def test_a_pause_in_abort_mode_answers_the_tokens_each_sample_has(make):
+    """As vLLM and SGLang do: an aborted sample comes back with its tokens and log-probs (finish_reason abort), so a
+    client can continue it (AReaL's partial rollouts: tests/integration/test_areal_client.py)."""
+    async def main():
+        pool, _, c = await make()
+        pool.engines[0].step_s = 0.01
+        for path, body in (("/v1/completions", {"prompt": [1], "n": 2, "max_tokens": 200, "logprobs": 0,
+                                                "return_token_ids": True}),
+                           ("/generate", {"input_ids": [1], "return_logprob": True,
+                                          "sampling_params": {"max_new_tokens": 200}})):
+            task = asyncio.create_task(c.post(path, json=body))
+            while not pool.live:
+                assert not task.done(), task.result().text
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            assert (await c.post("/pause", params={"mode": "abort"})).status_code == 200
+            out = (await task).json()
+            await c.post("/resume")
+            if path == "/generate":
+                meta = out["meta_info"]
+                assert meta["finish_reason"]["type"] == "abort" and 0 < len(out["output_ids"]) < 200
+                assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
+            else:
+                for ch in out["choices"]:
+                    assert ch["finish_reason"] == "abort" and 0 < len(ch["token_ids"]) < 200
+                    assert len(ch["logprobs"]["token_logprobs"]) == len(ch["token_ids"])
+    asyncio.run(main())
+
+
 def test_auth_same_tokens_admin_for_control(make, tmp_path):
     async def main():
         _, _, c = await make(creds=Credentials(TOKEN, ADMIN))

@@ -179,7 +179,7 @@ class Gateway:
 
     def decode(self, ids: list[int]) -> str:
         """A sample's text (blocking: call in the tokenizer thread)."""
-        return self.model.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.model.decode(ids)
 
     async def in_tokenizer_thread(self, fn, *args):
         """Tokenizer work (decoding, chat templates) off the event loop, on the thread gRPC uses for it."""

@@ -94,12 +94,18 @@ def parse_generate(body: dict) -> tuple[pb.GenerateRequest, bool, bool, bool]:
     req.top_logprobs = max(min(top, 2**31 - 1), -(2**31))          # validation names the range
     stream = f.bool("stream")
     req.stream_tokens = stream
+    req.return_partial = True            # as SGLang: an aborted sample answers the tokens it has
     return req, batched, f.bool("return_logprob"), stream
+
+
+ABORTED = "aborted (an abort-mode weight update, pause or abort request)"
 
 
 def _finish(r) -> dict | None:
     if r.finish_reason is None:                  # a streamed sample that goes on
         return None
+    if r.finish_reason == "abort":               # the tokens so far come with it: continue from them
+        return {"type": "abort", "message": ABORTED}
     if r.finish_reason == "length":
         return {"type": "length", "length": len(r.token_ids)}
     matched = r.stop_string or (r.token_ids[-1] if r.token_ids else None)
@@ -122,8 +128,7 @@ def _sample(item, text: str, prompt_len: int, rid: str, return_logprob: bool) ->
 
 
 def _aborted(rid: str, prompt_len: int, return_logprob: bool, policy_version: int) -> dict:
-    meta = {"id": rid, "finish_reason": {"type": "abort", "message": "aborted (an abort-mode weight update, pause "
-                                                                      "or abort request)"},
+    meta = {"id": rid, "finish_reason": {"type": "abort", "message": ABORTED},
             "prompt_tokens": prompt_len, "completion_tokens": 0, "weight_version": str(policy_version)}
     if return_logprob:
         meta["output_token_logprobs"] = []

@@ -72,7 +72,8 @@ def _common(f: Fields, kind: str, max_tokens_key: str = "max_tokens") -> tuple[p
     f.unsupported("use_beam_search", False, "beam search is not supported (it does not sample the policy)")
     f.unsupported("min_tokens", 0, "min_tokens is not supported (it changes the sampled distribution)")
     f.unsupported("prompt_logprobs", None, "prompt log-probs are not served; compute them in the trainer")
-    req = pb.GenerateRequest(sampling=sampling_params(f, max_tokens_key))
+    # as vLLM: an aborted sample answers the tokens it has, with finish_reason "abort"
+    req = pb.GenerateRequest(sampling=sampling_params(f, max_tokens_key), return_partial=True)
     n = f.int("n", 1)
     req.n = max(min(n, 2**31 - 1), -(2**31))
     rid = f.get("request_id", "")

@@ -54,14 +54,30 @@ ENGINE_STATE_UNHEALTHY: EngineState
 ENGINE_STATE_STOPPED: EngineState
 
 class Prompt(_message.Message):
-    __slots__ = ("token_ids", "text", "apply_chat_template")
+    __slots__ = ("token_ids", "text", "apply_chat_template", "partial")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     APPLY_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     apply_chat_template: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., apply_chat_template: _Optional[bool] = ...) -> None: ...
+    partial: PartialSample
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., apply_chat_template: _Optional[bool] = ..., partial: _Optional[_Union[PartialSample, _Mapping]] = ...) -> None: ...
+
+class PartialSample(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "version_spans", "top_token_ids", "top_logprobs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    top_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "ignore_eos", "stop_token_ids")
@@ -84,7 +100,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompts", "n", "sampling", "min_policy_version", "return_text", "top_logprobs", "stream_tokens")
+    __slots__ = ("request_id", "prompts", "n", "sampling", "min_policy_version", "return_text", "top_logprobs", "stream_tokens", "return_partial")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +109,7 @@ class GenerateRequest(_message.Message):
     RETURN_TEXT_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STREAM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_PARTIAL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     n: int
@@ -101,7 +118,8 @@ class GenerateRequest(_message.Message):
     return_text: bool
     top_logprobs: int
     stream_tokens: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., stream_tokens: _Optional[bool] = ...) -> None: ...
+    return_partial: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., stream_tokens: _Optional[bool] = ..., return_partial: _Optional[bool] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("policy_version", "first_token")

@@ -1,0 +1,45 @@
+"""A partial sample being continued (Prompt.partial): the tokens generated before, joined to what the engine adds.
+
+The engine sees only a longer prompt (the prompt plus the partial's tokens) and a smaller max_tokens; the pool puts
+the two parts back together, so the client gets one sample, indexed from the partial's first token, whatever
+engine (local or Ray) generated the rest.
+"""
+from __future__ import annotations
+
+import msgspec
+
+from rollout_service.engine.types import SeqResult, TokenDelta
+
+
+class Partial(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Tokens already generated, with what the sample carries for them (checked by validation.check_generate)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version_spans: list[tuple[int, int]]         # (policy_version, first_token), the first at 0
+    top_token_ids: list[list[int]] = []          # [len][k] when the request asks for top_logprobs = k
+    top_logprobs: list[list[float]] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def joined(self, r: SeqResult) -> SeqResult:
+        """The whole sample: this partial followed by the engine's result r (r's indices start after it)."""
+        spans = _merged(self.version_spans if len(self) else [], [(v, t + len(self)) for v, t in r.version_spans])
+        return msgspec.structs.replace(
+            r, token_ids=self.token_ids + r.token_ids, logprobs=self.logprobs + r.logprobs,
+            top_token_ids=self.top_token_ids + r.top_token_ids, top_logprobs=self.top_logprobs + r.top_logprobs,
+            version_spans=spans, policy_version=spans[0][0] if spans else r.policy_version)
+
+    def shifted(self, d: TokenDelta) -> TokenDelta:
+        """An engine delta, indexed in the whole sample."""
+        n = len(self)
+        return msgspec.structs.replace(d, start=d.start + n, version_spans=[(v, t + n) for v, t in d.version_spans])
+
+
+def _merged(first: list[tuple[int, int]], then: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = list(first)
+    for v, t in then:
+        if not out or out[-1][0] != v:
+            out.append((v, t))
+    return out
