@@ -46,7 +46,12 @@ def _alive(pid: int, start: str) -> bool:
 
 
 def _engine_root(front_end: int) -> int:
-    """This process's ancestor whose parent is the front end (itself if none is found)."""
+    """This process's engine core: the one engine/forkserver.py marked (its parent is the fork server, which
+    outlives no front end but may outlive an engine), else the ancestor whose parent is the front end (itself if
+    none is found)."""
+    marked = os.environ.get("ROLLOUT_ENGINE_ROOT", "")
+    if marked.isdigit() and _stat(int(marked)) is not None:
+        return int(marked)
     pid = os.getpid()
     while True:
         st = _stat(pid)

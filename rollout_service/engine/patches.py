@@ -36,7 +36,8 @@ class Patch:
     runners: tuple[str, ...]          # model runners it reaches: "v1", "v2"
     install: Callable[[], bool] | None   # patches this process: True applied, False not needed (bug absent here)
     disable_env: str = ""             # set to 1: skipped (to measure without it)
-    process: str = "worker"           # "worker": install_all; "engine_core": vllm_plugin; "scheduler": vLLM imports it
+    process: str = "worker"           # "worker": install_all; "engine_core", "front_end": vllm_plugin;
+    #                                   "scheduler": vLLM imports it
 
 
 def _cpu_expansion() -> bool:
@@ -63,6 +64,17 @@ def _worker_fork() -> bool:
     # vLLM's default everywhere but on CPU; its own reasons to spawn (CUDA initialised, a Ray actor, NUMA binding)
     # still apply: get_mp_context checks them whatever this says.
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    return True
+
+
+def _engine_forkserver() -> bool:
+    from vllm.v1.engine import utils as engine_utils
+
+    from rollout_service.engine import forkserver
+
+    engine_utils.get_mp_context = forkserver.context     # the engine-core launcher's (CoreEngineProcManager) only
+    applied = [n for n in os.environ.get(FRONT_END_ENV, "").split(",") if n]
+    os.environ[FRONT_END_ENV] = ",".join(applied + ["cpu_engine_forkserver"])   # for its workers' report
     return True
 
 
@@ -127,7 +139,17 @@ PATCHES: tuple[Patch, ...] = (
           "engine start and restart time on CPU",
           "each engine start on CPU imports torch and vLLM once more (~6-12 s on 2 cores)",
           ("0.32.0",), ("cpu",), ("v1", "v2"), _worker_fork, "ROLLOUT_DISABLE_WORKER_FORK", process="engine_core"),
+    Patch("cpu_engine_forkserver", "engine/forkserver.py",
+          "vLLM's CPU platform spawns the engine core, so every engine start, restart and scale-out imports torch and "
+          "vLLM afresh (~8 s on 2 cores). The first start in a process starts Python's fork server with vLLM's "
+          "engine core imported (a fresh interpreter: no threads or OpenMP state of the caller), and each engine "
+          "core is forked from it with the caller's environment as of its start, as spawn gives it",
+          "engine restart and scale-out time on CPU (and every engine start after the first in one process)",
+          "each engine start on CPU imports torch and vLLM afresh (~8 s on 2 cores)",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _engine_forkserver, "ROLLOUT_DISABLE_ENGINE_FORKSERVER",
+          process="front_end"),
 )
+FRONT_END_ENV = "ROLLOUT_FRONT_END_PATCHES"   # set by the front end's installs: its engine processes inherit it
 
 
 def _platform() -> str:
@@ -184,11 +206,13 @@ def vllm_plugin() -> None:
     processes. In the engine core, before the executor starts the workers, it installs the engine-core patches."""
     import multiprocessing
 
-    if _core_status or not multiprocessing.current_process().name.startswith("EngineCore"):
+    name = multiprocessing.current_process().name
+    kind = "engine_core" if name.startswith("EngineCore") else "front_end" if name == "MainProcess" else ""
+    if not kind or _core_status:
         return
     platform, version = _platform(), _version()
     for p in PATCHES:
-        if p.process == "engine_core":
+        if p.process == kind:
             _core_status[p.name] = _install(p, platform, version)
 
 
@@ -202,6 +226,15 @@ def _engine_core_state(p: Patch) -> tuple[str, str]:
                  "pyproject.toml: re-run scripts/install.sh)")
 
 
+def _front_end_state(p: Patch) -> tuple[str, str]:
+    """A front-end patch's state as this worker sees it: the front end marks what it applied in the environment its
+    engine processes inherit."""
+    if p.name in os.environ.get(FRONT_END_ENV, "").split(","):
+        return APPLIED, ""
+    return _gate(p, _platform(), _version()) or (
+        SKIPPED, "the front end did not apply it (its vLLM plugin did not run, or it started engines before)")
+
+
 def report(vllm_config=None) -> list[dict]:
     """Every patch's state in this worker, model runner included (a patch applied to a runner vLLM does not use
     here does nothing: skipped, with the reason)."""
@@ -213,7 +246,8 @@ def report(vllm_config=None) -> list[dict]:
         else (NOT_NEEDED, "k_control is not auto")
     for p in PATCHES:
         state, reason = installed[p.name] if p.process == "worker" else \
-            _engine_core_state(p) if p.process == "engine_core" else by_scheduler
+            _engine_core_state(p) if p.process == "engine_core" else \
+            _front_end_state(p) if p.process == "front_end" else by_scheduler
         if state == APPLIED and runner not in p.runners:
             state, reason = SKIPPED, f"the {runner.upper()} model runner is in use; the patch reaches only " \
                                      f"{', '.join(r.upper() for r in p.runners)}"

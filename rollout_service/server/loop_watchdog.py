@@ -4,7 +4,9 @@ every RPC and /healthz at once).
 A task sleeps INTERVAL_S at a time and measures how late it wakes (the lag); /metrics exports the last lag,
 the largest since the server became ready, and a histogram. A watchdog thread notices a loop held longer
 than `warn_s` while it is still held, samples the loop thread's stack (sys._current_frames) and logs it,
-so the warning names the code holding the loop even if it never returns (a read blocked forever).
+so the warning names the code holding the loop even if it never returns (a read blocked forever). A stall in which
+the loop sat idle in its selector and no other thread ran is the machine's (the process waited for a CPU): it is
+measured and logged as such, and left out of `rollout_event_loop_held_max_seconds`, the process's own holds.
 
 Garbage collection holds the loop too (it holds the GIL): a full collection of the front end's start-up heap
 (about 680,000 objects once vLLM, torch and gRPC are imported) took 0.35-0.41 s here and failed CI's 0.5 s
@@ -44,8 +46,10 @@ class LoopWatchdog:
         self.interval_s = interval_s
         self.warn_s = warn_s
         self.max_lag = 0.0
+        self.max_held = 0.0                     # the longest stall that this process's own work caused
         self._beat = time.monotonic()           # when the loop last went to sleep on the timer
         self._sampled: str | None = None        # the loop thread's stack, sampled during the current stall
+        self._starved = False                   # ... and the loop was idle with no thread of ours running
         self._stop = threading.Event()
         self._gc_started: float | None = None
         self._gc_held = 0.0                     # seconds spent collecting garbage since the last beat
@@ -53,6 +57,11 @@ class LoopWatchdog:
                             "How late the event loop last woke a 50 ms timer", registry=registry)
         self.m_max = Gauge("rollout_event_loop_lag_max_seconds",
                            "Longest the event loop was held since the server became ready", registry=registry)
+        self.m_held = Gauge("rollout_event_loop_held_max_seconds",
+                            "Longest the event loop was held by this process's own work (code on the loop, or "
+                            "another of its threads holding the GIL) since the server became ready; stalls where "
+                            "the loop was idle and none of its threads ran (the process waited for a CPU) are not "
+                            "counted", registry=registry)
         self.m_lag = Histogram("rollout_event_loop_lag_seconds", "How late the event loop woke a 50 ms timer",
                                buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                registry=registry)
@@ -92,10 +101,16 @@ class LoopWatchdog:
             self.max_lag = lag
             self.m_max.set(lag)
         sampled, self._sampled = self._sampled, None
+        starved, self._starved = self._starved, False
         collecting, self._gc_held = self._gc_held, 0.0
+        if lag > self.max_held and not starved:
+            self.max_held = lag
+            self.m_held.set(lag)
         if lag > self.warn_s:
-            log.warning("the event loop was held for %.3f s (every RPC and /healthz waited)%s%s", lag,
+            log.warning("the event loop was held for %.3f s (every RPC and /healthz waited)%s%s%s", lag,
                         f", {collecting:.3f} s of it collecting garbage" if collecting > 0.01 else "",
+                        "; the loop was idle and no thread of this process was running: it waited for a CPU "
+                        "(the machine is overloaded), no code here held it" if starved else "",
                         f"; it was in:\n{sampled}" if sampled else "")
 
     def _watch(self, loop_thread: int) -> None:
@@ -111,11 +126,21 @@ class LoopWatchdog:
             frame = frames.pop(loop_thread, None)
             if frame is None:
                 continue
-            self._sampled = "".join(traceback.format_stack(frame)[-STACK_FRAMES:]).rstrip() + _busy_threads(frames)
+            busy = _busy_threads(frames)
+            self._starved = starved(frame, busy)
+            self._sampled = "".join(traceback.format_stack(frame)[-STACK_FRAMES:]).rstrip() + busy
             log.warning("the event loop has been held for %.2f s so far, in:\n%s", held, self._sampled)
 
 
 IDLE_FILES = ("threading.py", "queue.py", "selectors.py", "thread.py")   # where idle threads wait
+
+
+def _running(f) -> bool:
+    """Whether a thread whose top frame is `f` is running (not waiting). A pool worker's own `run` frame on top
+    means it is inside a C function it was given (which may keep the GIL)."""
+    if f.f_code.co_filename.endswith("thread.py") and f.f_code.co_name == "run":
+        return True
+    return not f.f_code.co_filename.endswith(IDLE_FILES)
 
 
 def _busy_threads(frames: dict) -> str:
@@ -125,5 +150,11 @@ def _busy_threads(frames: dict) -> str:
     me = threading.get_ident()
     names = {t.ident: t.name for t in threading.enumerate()}
     busy = [f"\n  thread {names.get(tid, tid)}:\n" + "".join(traceback.format_stack(f)[-3:]).rstrip()
-            for tid, f in frames.items() if tid != me and not f.f_code.co_filename.endswith(IDLE_FILES)]
+            for tid, f in frames.items() if tid != me and _running(f)]
     return ("\n other threads running:" + "".join(busy)) if busy else ""
+
+
+def starved(loop_frame, busy: str) -> bool:
+    """A stall in which the loop sat in its selector, due to wake, and no other thread of this process was running:
+    nothing here held it; the process was not given a CPU (an overloaded machine), which no code change fixes."""
+    return loop_frame.f_code.co_filename.endswith("selectors.py") and not busy

@@ -27,9 +27,11 @@ _held: list[str] = []              # servers found over the limit when stopped, 
 
 
 def loop_lag_max(svc: ServiceProcess) -> float | None:
-    """The server's largest event-loop lag so far (None: it does not answer)."""
+    """The longest the server's own work held its event loop so far (None: it does not answer). Stalls in which
+    the loop sat idle and none of its threads ran (the machine overloaded, the process waiting for a CPU) are
+    not its code's: the watchdog logs them as such and leaves them out."""
     status, body = svc.http_get("/metrics")
-    m = re.search(r"^rollout_event_loop_lag_max_seconds (\S+)$", body, re.MULTILINE) if status == 200 else None
+    m = re.search(r"^rollout_event_loop_held_max_seconds (\S+)$", body, re.MULTILINE) if status == 200 else None
     return float(m[1]) if m else None
 
 

@@ -98,7 +98,8 @@ def test_seeded_long_prompt_batch(client):
 def test_status_reports_every_vllm_patch(client, service):
     """engine/patches.py's report from a real worker: the CPU's fixes applied where the bug is present here, the
     k scheduler not needed without k_control auto, the worker forked from the engine core (its state inherited
-    from there), every patch named, and /metrics with the same states."""
+    from there), the engine core forked from the front end's fork server (the front end's state, in the environment
+    it passed), every patch named, and /metrics with the same states."""
     from rollout_service.engine.patches import PATCHES
 
     by = {p.name: p for p in client.status().patches}
@@ -108,5 +109,6 @@ def test_status_reports_every_vllm_patch(client, service):
     assert by["cpu_rejection_expansion"].state in ("applied", "not needed")
     assert by["k_scheduler"].state == "not needed" and by["k_scheduler"].reason
     assert by["cpu_worker_fork"].state == "applied", by["cpu_worker_fork"]      # the worker forked from the core
+    assert by["cpu_engine_forkserver"].state == "applied", by["cpu_engine_forkserver"]   # the core from a fork server
     status, body = service.http_get("/metrics")
     assert status == 200 and 'rollout_vllm_patch{name="k0_fastpath",state="applied"} 1.0' in body

@@ -9,7 +9,7 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from rollout_service.server.loop_watchdog import LoopWatchdog, _busy_threads, freeze_startup_heap
+from rollout_service.server.loop_watchdog import LoopWatchdog, _busy_threads, freeze_startup_heap, starved
 
 
 def hold_the_loop_for(seconds: float) -> None:
@@ -39,6 +39,7 @@ def test_a_held_loop_is_measured_exported_and_named(caplog):
     assert 0.35 < dog.max_lag < 1.0
     text = generate_latest(registry).decode()
     assert f"rollout_event_loop_lag_max_seconds {dog.max_lag}" in text
+    assert f"rollout_event_loop_held_max_seconds {dog.max_held}" in text and dog.max_held == dog.max_lag
     assert 'rollout_event_loop_lag_seconds_bucket{le="0.5"}' in text
     warnings = [r.getMessage() for r in caplog.records]
     assert any("held for" in w and "hold_the_loop_for" in w for w in warnings), warnings
@@ -95,3 +96,43 @@ def test_a_stall_names_the_worker_threads_that_were_running_and_not_the_idle_one
         busy.join(), waiting.join()
     assert "thread hog:" in text and "spin_in_python" in text, text
     assert "sleeper" not in text, text
+
+
+def test_a_loop_idle_in_its_selector_with_no_thread_running_is_starved_not_held():
+    """The loop thread sampled inside select() while overdue, with no other thread running, was waiting for a CPU;
+    with a thread running (holding the GIL) or a pool worker inside a C call, the stall is this process's own."""
+    import selectors
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = socket.socketpair()
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ)
+    waiter = threading.Thread(target=sel.select, args=(5,), name="loop")
+    stop = threading.Event()
+    hog = threading.Thread(target=spin_in_python, args=(stop,), name="hog")
+    pool = ThreadPoolExecutor(1)
+    waiter.start()
+    try:
+        time.sleep(0.1)
+        frames = sys._current_frames()
+        loop_frame = frames.pop(waiter.ident)
+        frames.pop(threading.get_ident())
+        assert loop_frame.f_code.co_filename.endswith("selectors.py")
+        assert starved(loop_frame, _busy_threads(frames))
+        hog.start()
+        time.sleep(0.05)
+        frames = sys._current_frames()
+        assert not starved(frames[waiter.ident], _busy_threads({hog.ident: frames[hog.ident]}))
+        stop.set()
+        hog.join()
+        pool.submit(time.sleep, 0.5)                 # a C function handed to a pool worker: its frame is run()
+        time.sleep(0.05)
+        frames = {t: f for t, f in sys._current_frames().items() if t not in (threading.get_ident(), waiter.ident)}
+        assert "thread.py" in _busy_threads(frames) and not starved(loop_frame, _busy_threads(frames))
+    finally:
+        stop.set()
+        b.send(b"x")
+        waiter.join()
+        pool.shutdown()
+        a.close(), b.close()
