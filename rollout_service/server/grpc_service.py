@@ -75,7 +75,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                                f"min_policy_version={request.min_policy_version} but the service serves "
                                f"policy version {self.pool.policy_version}; push newer weights first or "
                                "lower min_policy_version")
-        return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups)
+        return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups,
+                                         session=checked.session_id)
 
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK

@@ -207,7 +207,9 @@ async def generate(request: Request):
     """`text` or `input_ids` (one prompt or a batch), `sampling_params`, `return_logprob`, `top_logprobs_num`,
     `stream`."""
     gw = gateway(request)
-    req, batched, return_logprob, stream = parse_generate(json_body(await request.body()))
+    body = json_body(await request.body())
+    req, batched, return_logprob, stream = parse_generate(body)
+    req.session_id = gw.session_key(request, body)
     if stream:
         return await _stream(gw, req, batched, return_logprob)
     return await until_disconnect(request, _run(gw, req, batched, return_logprob))

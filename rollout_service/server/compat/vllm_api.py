@@ -344,8 +344,11 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
 
 
 async def _serve(request: Request, parse, spelling) -> Response:
-    req, opts = parse(json_body(await request.body()))
-    return await _answer(request, gateway(request), req, opts, spelling)
+    body = json_body(await request.body())
+    req, opts = parse(body)
+    gw = gateway(request)
+    req.session_id = gw.session_key(request, body)
+    return await _answer(request, gw, req, opts, spelling)
 
 
 async def _answer(request: Request, gw, req, opts, spelling) -> Response:
@@ -393,6 +396,7 @@ async def chat_completions(request: Request):
         limit = gw.servicer.limits.max_new_tokens
         req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
     req.prompts.append(pb.Prompt(token_ids=ids))
+    req.session_id = gw.session_key(request, body)
     return await _answer(request, gw, req, opts, CHAT_SPELLING)
 
 
