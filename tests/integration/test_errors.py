@@ -32,6 +32,8 @@ BAD = [
     ("negative top_logprobs", dict(top_logprobs=-1), "top_logprobs"),
     ("top_logprobs far above the limit while streaming tokens", dict(top_logprobs=2**31 - 1, stream_tokens=True),
      "top_logprobs"),
+    ("session_id too long", dict(session_id="s" * 257), "session_id: at most 256 characters"),
+    ("session_id not printable ASCII", dict(session_id="conv\u00e9"), "session_id: must be printable ASCII"),
 ]
 
 

@@ -229,6 +229,13 @@ def test_dialects_read_the_routers_session_headers_and_fields(http_pool):
         r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                         "max_tokens": 2}, headers={"x-session-id": "h"})
         assert r.status_code == 200, r.text
+        # the next turn finds the history in its engine's (fake) prefix cache, and each dialect says so
+        turn = r.json()["prompt_token_ids"] + r.json()["choices"][0]["token_ids"] + [9, 9]
+        r = await c.post("/v1/completions", json={"prompt": turn, "max_tokens": 2}, headers={"x-session-id": "h"})
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == len(turn) - 2
+        r = await c.post("/generate", json={"input_ids": turn, "sampling_params": {"max_new_tokens": 2}},
+                         headers={"x-smg-routing-key": "h"})
+        assert r.json()["meta_info"]["cached_tokens"] == len(turn) - 1
         assert set(pool.sessions.engine_of) == {"a", "b", "c", "d", "e", "f", "7", "g", "h"}
     asyncio.run(main())
 

@@ -109,8 +109,8 @@ def _finish(r) -> dict | None:
 def _sample(item, text: str, prompt_len: int, rid: str, return_logprob: bool) -> dict:
     r = item.result
     meta = {"id": rid, "finish_reason": _finish(r), "prompt_tokens": prompt_len,
-            "completion_tokens": len(r.token_ids), "cached_tokens": 0, "weight_version": str(r.policy_version),
-            "rollout": rollout_fields(r)}
+            "completion_tokens": len(r.token_ids), "cached_tokens": r.num_cached_tokens,
+            "weight_version": str(r.policy_version), "rollout": rollout_fields(r)}
     if r.num_drafted:
         meta["spec_verify_ct"] = r.num_drafted
     if return_logprob:

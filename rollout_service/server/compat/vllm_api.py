@@ -244,7 +244,9 @@ class Writer:
     def usage(self, items) -> dict:
         prompt = sum(len(ids) for ids in self.checked.prompt_token_ids) * self.opts.n
         completion = sum(len(i.result.token_ids) for i in items)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = sum(i.result.num_cached_tokens for i in items)          # vLLM's prefix-cache hits (sessions)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def envelope(self, choices: list[dict], items, chunk: bool = False) -> dict:
         obj = {"completion": "text_completion", "chat": "chat.completion", "generate": "generate"}[self.opts.kind]
