@@ -124,7 +124,9 @@ def random_generate(rng) -> pb.GenerateRequest:
                               prompts=prompts, n=rng.choice([0, 1, 3, -5, 10_000]), sampling=sp,
                               min_policy_version=rng.choice([0, 0, -1, 2**62]), return_text=rng.random() < 0.5,
                               top_logprobs=rng.choice([0, 0, 1, 5, 20, 21, -1, weird_int(rng)]),
-                              stream_tokens=rng.random() < 0.5, return_partial=rng.random() < 0.5)
+                              stream_tokens=rng.random() < 0.5, return_partial=rng.random() < 0.5,
+                              session_id=rng.choice(["", "", random_text(rng), f"conv-{rng.randint(0, 5)}",
+                                                     "s" * rng.choice([256, 257, 5000])]))
 
 
 def random_partial(rng) -> pb.PartialSample:
@@ -143,7 +145,8 @@ def valid_generate(rng) -> pb.GenerateRequest:
     req = pb.GenerateRequest(prompts=[pb.Prompt(token_ids=[1, 2, 3])], n=2,
                              sampling=pb.SamplingParams(max_tokens=4, temperature=1.0, seed=rng.getrandbits(16)),
                              top_logprobs=rng.choice([0, 3, 20]), stream_tokens=rng.random() < 0.5,
-                             return_partial=rng.random() < 0.5)
+                             return_partial=rng.random() < 0.5,
+                             session_id=rng.choice(["", f"conv-{rng.randint(0, 3)}"]))
     if rng.random() < 0.3:                       # continue a partial sample of two tokens
         k = req.top_logprobs
         req.prompts[0].partial.CopyFrom(pb.PartialSample(

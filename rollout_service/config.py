@@ -154,6 +154,32 @@ class RayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                                  "GPU nodes", "--ray-gpus-per-engine", ge=0) = 0
 
 
+SESSION_KEY_FROM = ("x-session-id", "x-user-id", "x-smg-routing-key", "session_id", "routing_key")
+
+
+class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Session routing: every request with the same session key (GenerateRequest.session_id, the dialects' headers
+    and fields) goes to the engine that holds the conversation's earlier turns in its prefix cache
+    (pool/sessions.py)."""
+
+    max_sessions: option(int, "sessions remembered for routing; the least recently used is forgotten first "
+                              "(0: no session routing, every request least-loaded)", "--max-sessions",
+                         ge=0) = 100_000
+    max_imbalance: option(int, "a session's request goes to its engine while that engine holds at most this many "
+                               "sequences more than the least-loaded ready engine; beyond it, to the least-loaded "
+                               "one, and the session moves there (SGLang's cache-aware router has the like: "
+                               "balance_abs_threshold, 64 there; 32 here is half an engine's default batch, "
+                               "max_num_seqs)",
+                          "--session-max-imbalance", ge=0) = 32
+    key_from: option(list[str], "where the HTTP dialects read a request's session key: each name, in order, as a "
+                                "request header, then as a top-level string field of the JSON body; the first "
+                                "present wins (vLLM's routers: X-Session-ID, X-User-ID or a configured header; "
+                                "SGLang's: X-SMG-Routing-Key, routing_key; add `user` to key on OpenAI's user "
+                                "field; the flag repeats and replaces the list)", "--session-key-from",
+                     metavar="NAME", shown="`" + ", ".join(SESSION_KEY_FROM) + "`",
+                     ) = msgspec.field(default_factory=lambda: list(SESSION_KEY_FROM))
+
+
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The whole server."""
 
@@ -181,6 +207,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     idempotency_ttl_s: option(float, "how long finished requests stay replayable (seconds)") = 600.0
     shutdown_grace_s: option(float, "grace period on SIGTERM (seconds)") = 5.0
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    sessions: SessionConfig = msgspec.field(default_factory=SessionConfig)
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
 

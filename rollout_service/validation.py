@@ -19,6 +19,7 @@ MAX_TEMPERATURE = 2.0
 MIN_TEMPERATURE = struct.unpack("f", struct.pack("f", 0.01))[0]
 _SEED_MOD = 2**63 - 1
 MAX_TOKENS = Name("sampling.max_tokens", "max_tokens")    # as a hint's text names it ("lower max_tokens")
+MAX_SESSION_ID = 256
 
 
 @dataclass
@@ -38,6 +39,7 @@ class CheckedRequest:
     text_prompts: set[int]        # prompt indices that arrived as text
     partials: list[Partial | None]   # per prompt: the partial sample it continues (Prompt.partial)
     return_partial: bool = False     # aborted samples come back partial (GenerateRequest.return_partial)
+    session_id: str = ""          # routes the request to its session's engine (pool/sessions.py)
 
 
 def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
@@ -46,10 +48,24 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     return int.from_bytes(digest, "little") % _SEED_MOD
 
 
+def session_id_problem(sid: str) -> str | None:
+    """What is wrong with a session key (GenerateRequest.session_id; the dialects' session headers), or None."""
+    if len(sid) > MAX_SESSION_ID:
+        return f"at most {MAX_SESSION_ID} characters, got {len(sid)}"
+    bad = next((i for i, c in enumerate(sid) if not 32 <= ord(c) < 127), None)
+    if bad is not None:
+        return f"must be printable ASCII (space to '~'); character {bad} is U+{ord(sid[bad]):04X}"
+    return None
+
+
 def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) -> CheckedRequest:
     rid = req.request_id
     if len(rid) > 128 or not all(32 < ord(c) < 127 for c in rid):
         raise invalid_field("request_id", "at most 128 printable ASCII characters without spaces")
+    sid = req.session_id
+    problem = session_id_problem(sid)
+    if problem:
+        raise invalid_field("session_id", problem)
     if not req.prompts:
         raise invalid_field("prompts", "at least one prompt is required")
     if len(req.prompts) > limits.max_prompts_per_request:
@@ -132,7 +148,7 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
         for pi, ids in enumerate(prompts)
     ]
     fingerprint = hashlib.sha256(req.SerializeToString(deterministic=True)).digest()
-    return CheckedRequest(rid, fingerprint, groups, prompts, text_prompts, partials, req.return_partial)
+    return CheckedRequest(rid, fingerprint, groups, prompts, text_prompts, partials, req.return_partial, sid)
 
 
 def _partial(where: str, p: pb.PartialSample, k: int, max_tokens: int, vocab_size: int) -> Partial:

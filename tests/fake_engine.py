@@ -33,6 +33,7 @@ class FakeEngine(Engine):
         self.starts = 0
         self.fail_starts = 0              # fail the next N start calls
         self.aborting = False             # pause("abort"): running sequences end now, with finish "abort"
+        self.cache: list[list[int]] = []  # sequences computed since start (prompt + output): a prefix cache
 
     def kill(self) -> None:
         """Simulate the engine process dying: pending and new generate calls raise, alive() is False."""
@@ -50,6 +51,7 @@ class FakeEngine(Engine):
             self.fail_starts -= 1
             raise RuntimeError("injected start failure")
         self.weights = {}                 # a (re)started engine holds the checkpoint only
+        self.cache = []                   # and an empty prefix cache
         self.dead = False
         self.state = EngineState.READY
 
@@ -87,11 +89,15 @@ class FakeEngine(Engine):
             raise
         finally:
             self.active.discard(req.seq_id)
+        prompt = req.prompt_token_ids
+        cached = max((_common_prefix(prompt, seen) for seen in self.cache), default=0)
+        self.cache.append(prompt + tokens)
         return SeqResult(token_ids=tokens, logprobs=[-math.log(self.vocab_size)] * len(tokens),
                          finish_reason=finish, policy_version=self.policy_version,
                          version_spans=[(self.policy_version, 0)], draft_version=self.draft_version,
                          top_token_ids=self._top(tokens, req.top_logprobs),
-                         top_logprobs=self._top_lp(len(tokens), req.top_logprobs))
+                         top_logprobs=self._top_lp(len(tokens), req.top_logprobs),
+                         num_cached_tokens=min(cached, len(prompt) - 1))
 
     def _top(self, tokens: list[int], k: int) -> list[list[int]]:
         """Fake top-k: the sampled token first, then the ids after it."""
@@ -155,3 +161,12 @@ class FakeEngine(Engine):
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         self.policy_version, self.draft_version = policy_version, draft_version
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -31,6 +31,7 @@ class Sample:
     top_logprobs: np.ndarray | None = field(default=None)    # float32 [gen_len, k], same distribution as logprobs
     delta: bool = False              # stream_tokens: only the tokens new since this sample's previous message
     delta_start: int = 0             # in a delta: the index of token_ids[0] in the whole sample
+    num_cached_tokens: int = 0       # prompt tokens the engine found in its prefix cache (session_id: earlier turns)
 
     @classmethod
     def from_proto(cls, m: pb.Sample) -> "Sample":
@@ -47,7 +48,7 @@ class Sample:
             prompt_token_ids=np.asarray(m.prompt_token_ids, dtype=np.int64) if m.prompt_token_ids else None,
             top_token_ids=np.asarray(m.top_token_ids, dtype=np.int64).reshape(n, k) if k else None,
             top_logprobs=np.asarray(m.top_logprobs, dtype=np.float32).reshape(n, k) if k else None,
-            delta=m.delta, delta_start=m.delta_start,
+            delta=m.delta, delta_start=m.delta_start, num_cached_tokens=m.num_cached_tokens,
         )
 
 
@@ -56,13 +57,14 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
                   ignore_eos: bool = False, stop_token_ids=(), request_id: str = "",
                   min_policy_version: int = 0, return_text: bool = False,
                   chat: bool = False, top_logprobs: int = 0, stream_tokens: bool = False,
-                  return_partial: bool = False, partials=None) -> pb.GenerateRequest:
+                  return_partial: bool = False, partials=None, session_id: str = "") -> pb.GenerateRequest:
     """prompts: a list whose items are token-id sequences (list/array of ints) or strings. top_logprobs: k most
     likely tokens per position (Sample.top_token_ids / top_logprobs). stream_tokens: also yield each sample's new
     tokens as they are produced (Sample.delta), before the whole sample. return_partial: a sample aborted by a
     weight push or pause in abort mode comes back as it stands (finish_reason "abort") instead of the request
     failing with ABORTED. partials: one per prompt, None or a partial Sample (an aborted one) to continue: each
-    sample of that prompt comes back as one sample, the partial's tokens first; max_tokens bounds both parts."""
+    sample of that prompt comes back as one sample, the partial's tokens first; max_tokens bounds both parts.
+    session_id: a conversation's key; its requests go to the engine that holds its earlier turns in cache."""
     if partials is not None and len(partials) != len(prompts):
         raise ValueError(f"partials: one per prompt (None for a fresh one); got {len(partials)} for "
                          f"{len(prompts)} prompts")
@@ -81,7 +83,8 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
             setattr(sp, name, value)
     return pb.GenerateRequest(request_id=request_id, prompts=items, n=n, sampling=sp,
                               min_policy_version=min_policy_version, return_text=return_text,
-                              top_logprobs=top_logprobs, stream_tokens=stream_tokens, return_partial=return_partial)
+                              top_logprobs=top_logprobs, stream_tokens=stream_tokens, return_partial=return_partial,
+                              session_id=session_id)
 
 
 def partial_to_proto(s) -> pb.PartialSample:

@@ -42,6 +42,7 @@ class SeqResult(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     accepted_per_pos: list[int] = []  # [k] steps whose i-th draft was accepted
     top_token_ids: list[list[int]] = []     # [gen_len][top_logprobs], most likely first
     top_logprobs: list[list[float]] = []    # [gen_len][top_logprobs], processed distribution
+    num_cached_tokens: int = 0       # prompt tokens found in the engine's prefix cache (not prefilled again)
 
 
 class TokenDelta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

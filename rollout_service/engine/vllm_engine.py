@@ -176,8 +176,11 @@ class VllmEngine(Engine):
         if final is None:
             raise RuntimeError(f"{self.id} returned no output for {req.seq_id}")
         if parts is not None:
-            return parts.result(final.outputs[0], self.policy_version, self.draft_version)
-        return _to_result(final.outputs[0], self.policy_version, self.draft_version, req.top_logprobs)
+            result = parts.result(final.outputs[0], self.policy_version, self.draft_version)
+        else:
+            result = _to_result(final.outputs[0], self.policy_version, self.draft_version, req.top_logprobs)
+        result.num_cached_tokens = int(final.num_cached_tokens or 0)     # vLLM's prefix-cache hit, in tokens
+        return result
 
     def _delta_spans(self, llm, seq_id: str, start: int, end: int) -> list[tuple[int, int]]:
         """The policy versions that produced tokens [start, end) of a running sequence: vLLM's front end records

@@ -1,5 +1,6 @@
 """EnginePool: the data plane's middle, and the owner of its engines and of what they serve. Admission (bounded),
-routing (a prompt's whole group to one engine, least-loaded first), per-sequence tasks, the bookkeeping GetStatus
+routing (a prompt's whole group to one engine, least-loaded first; a request with a session key to its session's
+engine, sessions.py), per-sequence tasks, the bookkeeping GetStatus
 reports; the committed versions and weight files (committed.py), the push lock, the operator's pause; and the
 engines' lifecycle: starting, restarting and joining at the committed versions, draining and removing an engine,
 and marking it unhealthy (the supervisor, the scaler and the weight committer ask the pool)."""
@@ -18,6 +19,7 @@ from rollout_service.errors import ServiceError, refused_by_engine, unavailable
 from rollout_service.pool.committed import CommittedWeights
 from rollout_service.pool.partial import Partial
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
+from rollout_service.pool.sessions import SessionTable
 from rollout_service.pool.telemetry import Telemetry
 from rollout_service.scratch import scratch_root
 
@@ -26,15 +28,18 @@ log = logging.getLogger(__name__)
 
 class EnginePool:
     def __init__(self, engines: list[Engine], *, max_queue: int, idempotency_ttl_s: float = 600.0,
-                 checkpoints: dict[str, str | Path | None] | None = None):
+                 checkpoints: dict[str, str | Path | None] | None = None, max_sessions: int = 100_000,
+                 session_max_imbalance: int = 32):
         """checkpoints: target ("policy", "drafter") -> the model directory the engines start from (None or
-        absent: the service has no such target, pushes to it are refused)."""
+        absent: the service has no such target, pushes to it are refused). max_sessions, session_max_imbalance:
+        session routing (sessions.py; config.SessionConfig)."""
         if not engines:
             raise ValueError("a pool needs at least one engine")
         self.engines = engines
         self.max_queue = max_queue
         self.requests = RequestRegistry(idempotency_ttl_s)
         self.telemetry = Telemetry()
+        self.sessions = SessionTable(max_sessions, session_max_imbalance, on_route=self._session_routed)
         self.depth = 0                                   # sequences admitted and not finished
         self.load = {e.id: 0 for e in engines}           # sequences assigned per engine
         self.finished = {e.id: 0 for e in engines}
@@ -101,6 +106,7 @@ class EnginePool:
         the versions, and only then route to it: it serves only once it matches the others. Under the push lock,
         so no commit interleaves. False (and UNHEALTHY) if any step failed."""
         async with self.push_lock:
+            self._forget_sessions(engine.id, "restarts with an empty prefix cache")
             try:
                 await engine.shutdown()
                 await engine.start()
@@ -150,6 +156,7 @@ class EnginePool:
                 await asyncio.sleep(0.1)
             async with self.push_lock:
                 self.engines.remove(engine)
+            self._forget_sessions(engine.id, "left the pool")
             await engine.shutdown()
         finally:
             self.draining.discard(engine.id)
@@ -196,11 +203,12 @@ class EnginePool:
         await asyncio.gather(*(e.set_versions(self.policy_version, self.draft_version) for e in engines))
 
     # ---- data plane ------------------------------------------------------------------------------
-    def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]], *,
+    def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]], session: str = "", *,
                partials: list[Partial | None] | None = None, return_partial: bool = False) -> RequestRecord:
-        """Admit a request (groups[p] = the samples of prompt p) or return the record it retries. partials[p]: the
-        partial sample prompt p's samples continue (their engine prompts already end with its tokens).
-        return_partial: an aborted sample is a result (finish "abort"), not the request's failure."""
+        """Admit a request (groups[p] = the samples of prompt p) or return the record it retries. session: its
+        session key ("" for none): all of it goes to the session's engine (sessions.py). partials[p]: the partial
+        sample prompt p's samples continue (their engine prompts already end with its tokens). return_partial: an
+        aborted sample is a result (finish "abort"), not the request's failure."""
         if self.closing:
             raise unavailable("the server is shutting down; retry the request against a running server")
         existing = self.requests.get(request_id) if request_id else None
@@ -223,8 +231,9 @@ class EnginePool:
         rec = RequestRecord(request_id=request_id, fingerprint=fingerprint, expected=count,
                             return_partial=return_partial)
         admitted = time.monotonic()
+        home = self.sessions.route(session, ready, self.load) if session else None
         for p, group in enumerate(groups):
-            engine = min(ready, key=lambda e: self.load[e.id])   # the whole group on one engine
+            engine = home or min(ready, key=lambda e: self.load[e.id])   # the whole group on one engine
             self.load[engine.id] += len(group)
             for s, seq in enumerate(group):
                 self.depth += 1
@@ -239,6 +248,16 @@ class EnginePool:
         if request_id:
             self.requests.put(rec)
         return rec
+
+    def _session_routed(self, outcome: str) -> None:
+        self.telemetry.session_routed(outcome, len(self.sessions))
+
+    def _forget_sessions(self, engine_id: str, why: str) -> None:
+        forgotten = self.sessions.forget_engine(engine_id)
+        if forgotten:
+            log.info("%s %s: forgot its %d session(s); their next requests route least-loaded", engine_id, why,
+                     forgotten)
+            self.telemetry.m_sessions.set(len(self.sessions))
 
     def _release(self, slot: "_Slot") -> None:
         if slot.released:

@@ -54,6 +54,11 @@ class Telemetry:
                                   ["path"], registry=r)
         self.m_transfer_world = Gauge("rollout_weight_transfer_world_size",
                                       "Ranks of the weight-transfer group (0: none set up)", registry=r)
+        self.m_session_requests = Counter(
+            "rollout_session_requests", "Requests with a session key by how they were routed: hit (the session's "
+            "engine), moved_unavailable / moved_overloaded (least-loaded instead; the session moved), started (a "
+            "session not known)", ["outcome"], registry=r)
+        self.m_sessions = Gauge("rollout_sessions", "Sessions remembered for routing", registry=r)
         self.last_push: dict = {}                      # path, target, bytes, seconds, pause_s of the last commit
         r.register(_KControlCollector(self))
         self.patches_of = list                        # -> engine/patches.py's report (EnginePool sets it)
@@ -70,6 +75,10 @@ class Telemetry:
 
     def transfer_group(self, world_size: int) -> None:
         self.m_transfer_world.set(world_size)
+
+    def session_routed(self, outcome: str, sessions: int) -> None:
+        self.m_session_requests.labels(outcome).inc()
+        self.m_sessions.set(sessions)
 
     def engine_restarted(self, engine_id: str) -> None:
         self.m_restarts.labels(engine=engine_id).inc()

@@ -96,7 +96,9 @@ class RolloutServer:
         sp = cfg.engine.speculation
         drafter = sp.model if sp.method in ("draft_model", "eagle3") else None
         self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s,
-                               checkpoints={"policy": model.path, "drafter": drafter})
+                               checkpoints={"policy": model.path, "drafter": drafter},
+                               max_sessions=cfg.sessions.max_sessions,
+                               session_max_imbalance=cfg.sessions.max_imbalance)
         self.weights = WeightService.create(self.pool, serving_dtype(cfg, model.path),
                                             weights_roots=weights_roots(cfg))
         self.creds = load_credentials(cfg.security, cfg.host)
@@ -139,8 +141,9 @@ class RolloutServer:
             import ssl as _ssl
 
             ssl.update(ssl_ca_certs=sec.tls_client_ca, ssl_cert_reqs=_ssl.CERT_REQUIRED)
-        self.http = uvicorn.Server(uvicorn.Config(build_http_app(self.servicer, self.creds), host=cfg.host,
-                                                  port=cfg.http_port, log_level="warning", lifespan="off", **ssl))
+        app = build_http_app(self.servicer, self.creds, cfg.sessions.key_from)
+        self.http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.http_port, log_level="warning",
+                                                  lifespan="off", **ssl))
         self._stop = asyncio.Event()
         self.supervisor: Supervisor | None = None
         self._watchdog_task: asyncio.Task | None = None

@@ -37,6 +37,7 @@ def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: boo
         prompt_token_ids=prompt_ids if send_prompt else [],
         top_token_ids=[t for row in r.top_token_ids for t in row],
         top_logprobs=[lp for row in r.top_logprobs for lp in row],
+        num_cached_tokens=r.num_cached_tokens,
     )
 
 
@@ -107,13 +108,20 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
         engines=[pb.EngineStatus(id=e.id, state=STATE[e.state], location=e.location,
                                  running_sequences=pool.load[e.id], policy_version=e.policy_version,
                                  draft_version=e.draft_version, samples_finished=pool.finished[e.id],
-                                 restarts=e.restarts)
+                                 restarts=e.restarts, sessions=pool.sessions.per_engine.get(e.id, 0))
                  for e in pool.engines],
         queue_depth=pool.depth, queue_capacity=pool.max_queue, tokens_per_second=tok_s,
         samples_per_second=smp_s, speculation=spec, ready=pool.ready, uptime_s=t.uptime(),
         samples_total=t.samples_total, tokens_total=t.tokens_total, vocab_size=vocab_size,
         max_model_len=max_model_len, warnings=warnings, k_control=k_control_to_proto(k_mode, t.k_control),
+        sessions=session_stats_to_proto(pool.sessions),
     )
+
+
+def session_stats_to_proto(table) -> pb.SessionStats:
+    c = table.counts
+    return pb.SessionStats(sessions=len(table), hits=c["hit"], moved_unavailable=c["moved_unavailable"],
+                           moved_overloaded=c["moved_overloaded"], started=c["started"], evicted=table.evicted)
 
 
 def target_and_mode(target: int, in_flight: int, where: str) -> tuple[str, str]:

@@ -76,7 +76,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                                f"policy version {self.pool.policy_version}; push newer weights first or "
                                "lower min_policy_version")
         return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups,
-                                         partials=checked.partials, return_partial=checked.return_partial)
+                                         session=checked.session_id, partials=checked.partials,
+                                         return_partial=checked.return_partial)
 
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK

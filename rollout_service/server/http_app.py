@@ -47,9 +47,10 @@ def status(request: Request) -> dict:
                          always_print_fields_with_no_presence=True)
 
 
-def build_http_app(servicer, creds=None) -> FastAPI:
+def build_http_app(servicer, creds=None, session_key_from=None) -> FastAPI:
     """creds: server.auth.Credentials; with them every path but the probes' (/healthz, /health; /readyz, which
-    without a token answers only ready / not ready) needs a bearer token."""
+    without a token answers only ready / not ready) needs a bearer token. session_key_from: where the dialects read
+    a request's session key (config.SessionConfig.key_from; None: its default)."""
     app = FastAPI(title="rollout-service", docs_url=None, redoc_url=None)
     app.state.servicer = servicer
     app.state.creds = creds
@@ -62,7 +63,7 @@ def build_http_app(servicer, creds=None) -> FastAPI:
     from rollout_service.server.compat.gateway import Gateway
     from rollout_service.server.compat import sglang_api, vllm_api
 
-    app.state.gateway = Gateway(servicer)
+    app.state.gateway = Gateway(servicer, session_key_from)
     app.include_router(vllm_api.router)
     app.include_router(sglang_api.router)
     return app

@@ -47,6 +47,8 @@ BAD = [
      "prompts[0].partial.version_spans"),
     ("partial without the requested top-k rows", dict(partials=[PART], max_tokens=8, top_logprobs=2),
      "prompts[0].partial.top_token_ids"),
+    ("session_id too long", dict(session_id="s" * 257), "session_id: at most 256 characters"),
+    ("session_id not printable ASCII", dict(session_id="conv\u00e9"), "session_id: must be printable ASCII"),
 ]
 
 

@@ -54,6 +54,48 @@ def test_generation_is_spread_over_both_ray_engines(ray_service):
     assert len(actor_processes()) == 2
 
 
+def test_turns_of_a_session_stay_on_one_engine_and_find_their_history_cached(ray_service):
+    """Session routing (GenerateRequest.session_id) on two engines: two conversations start together (one per
+    engine), then take turns one at a time; least-loaded routing would send every lone turn to the first engine (a
+    tie), session routing sends each to its conversation's engine (GetStatus' per-engine counts), where the history
+    is in the prefix cache (Sample.num_cached_tokens: vLLM's prefix caching, in the Ray actors too)."""
+    svc, _ = ray_service
+    histories = {"conv-a": [1] + list(range(200, 400)), "conv-b": [1] + list(range(600, 800))}   # 201 tokens
+
+    def next_turn(key: str, s) -> None:
+        histories[key] = histories[key] + s.token_ids.tolist() + [13, 14, 15, 16]     # + the next user turn
+
+    with RolloutClient(svc.target) as c:
+        before = c.status()
+        # conv-a's first turn is running when conv-b's is admitted: one engine each
+        first = {}
+        t = threading.Thread(target=lambda: first.setdefault("a", c.generate_all(
+            [histories["conv-a"]], max_tokens=250, temperature=0, ignore_eos=True, session_id="conv-a")[0][0]))
+        t.start()
+        wait_for(lambda: c.status().queue_depth == 1, 60, "conv-a's first turn to run")
+        next_turn("conv-b", c.generate_all([histories["conv-b"]], max_tokens=8, temperature=0,
+                                           session_id="conv-b")[0][0])
+        t.join(120)
+        next_turn("conv-a", first["a"])
+        mid = c.status()
+        took = [e.samples_finished - p.samples_finished for e, p in zip(mid.engines, before.engines)]
+        assert took == [1, 1] and [e.sessions for e in mid.engines] == [1, 1], took
+        for _ in range(3):
+            for key in ("conv-a", "conv-b"):
+                prompt_len = len(histories[key])
+                s = c.generate_all([histories[key]], max_tokens=8, temperature=0, session_id=key)[0][0]
+                assert s.num_cached_tokens >= prompt_len // 2, (key, s.num_cached_tokens, prompt_len)
+                next_turn(key, s)
+        after = c.status()
+        took = [e.samples_finished - p.samples_finished for e, p in zip(after.engines, mid.engines)]
+        assert took == [3, 3], took                           # least-loaded would have sent all 6 to engine-0
+        assert after.sessions.hits - before.sessions.hits == 6
+        assert after.sessions.started - before.sessions.started == 2
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate_all([[1, 2]], max_tokens=2, session_id="x" * 257)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "session_id" in e.value.details()
+
+
 def test_weight_push_commits_on_both_ray_engines(ray_service, tiny_model, tmp_path):
     svc, _ = ray_service
     pushed = load_file(str(perturbed_copy(tiny_model, tmp_path / "v1", scale=0.05, seed=5) / "model.safetensors"))

@@ -20,7 +20,7 @@ from rollout_service.api import pb
 from rollout_service.errors import Name, ServiceError
 from rollout_service.pool.requests import IndexedDelta, IndexedResult
 from rollout_service.server.grpc_service import TOKENIZER
-from rollout_service.validation import CheckedRequest
+from rollout_service.validation import CheckedRequest, session_id_problem
 from rollout_service.wire import IN_FLIGHT_MODES
 
 HTTP_STATUS = {
@@ -135,10 +135,12 @@ class StreamText:
 class Gateway:
     """The servicer's data and control plane, called from HTTP handlers."""
 
-    def __init__(self, servicer):
+    def __init__(self, servicer, session_key_from=None):
+        from rollout_service.config import SESSION_KEY_FROM
         from rollout_service.server.compat.vllm_transfer import VllmWeightTransfer  # it imports this module
 
         self.servicer = servicer
+        self.session_key_from = list(SESSION_KEY_FROM if session_key_from is None else session_key_from)
         self.pool = servicer.pool
         self.vllm_transfer = VllmWeightTransfer(servicer)    # vLLM's weight-transfer endpoints' state
 
@@ -176,6 +178,27 @@ class Gateway:
         finally:
             self.pool.detach(record)
             telemetry.m_requests.labels(code).inc()
+
+    def session_key(self, request: Request, body: dict) -> str:
+        """A dialect request's session key (GenerateRequest.session_id): the first name of session_key_from present
+        as a header, else as a top-level field of the body (a string, or an integer as its text); "" for none.
+        A bad one is a 400 naming the header or field it came from."""
+        for name in self.session_key_from:
+            value, where = request.headers.get(name), f"header {name}"
+            if value is None:
+                value, where = body.get(name), name
+                if value is None:
+                    continue
+                if isinstance(value, int) and not isinstance(value, bool):
+                    value = str(value)
+                if not isinstance(value, str):
+                    raise DialectError(400, f"{name}: a session key must be a string, got {value!r:.60}", name)
+            problem = session_id_problem(value)
+            if problem:
+                raise DialectError(400, f"{where}: not a valid session key ({problem})", name)
+            if value:
+                return value
+        return ""
 
     def decode(self, ids: list[int]) -> str:
         """A sample's text (blocking: call in the tokenizer thread)."""

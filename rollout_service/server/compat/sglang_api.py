@@ -115,8 +115,8 @@ def _finish(r) -> dict | None:
 def _sample(item, text: str, prompt_len: int, rid: str, return_logprob: bool) -> dict:
     r = item.result
     meta = {"id": rid, "finish_reason": _finish(r), "prompt_tokens": prompt_len,
-            "completion_tokens": len(r.token_ids), "cached_tokens": 0, "weight_version": str(r.policy_version),
-            "rollout": rollout_fields(r)}
+            "completion_tokens": len(r.token_ids), "cached_tokens": r.num_cached_tokens,
+            "weight_version": str(r.policy_version), "rollout": rollout_fields(r)}
     if r.num_drafted:
         meta["spec_verify_ct"] = r.num_drafted
     if return_logprob:
@@ -212,7 +212,9 @@ async def generate(request: Request):
     """`text` or `input_ids` (one prompt or a batch), `sampling_params`, `return_logprob`, `top_logprobs_num`,
     `stream`."""
     gw = gateway(request)
-    req, batched, return_logprob, stream = parse_generate(json_body(await request.body()))
+    body = json_body(await request.body())
+    req, batched, return_logprob, stream = parse_generate(body)
+    req.session_id = gw.session_key(request, body)
     if stream:
         return await _stream(gw, req, batched, return_logprob)
     return await until_disconnect(request, _run(gw, req, batched, return_logprob))

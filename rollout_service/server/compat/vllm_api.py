@@ -245,7 +245,9 @@ class Writer:
     def usage(self, items) -> dict:
         prompt = sum(len(ids) for ids in self.checked.prompt_token_ids) * self.opts.n
         completion = sum(len(i.result.token_ids) for i in items)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = sum(i.result.num_cached_tokens for i in items)          # vLLM's prefix-cache hits (sessions)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def envelope(self, choices: list[dict], items, chunk: bool = False) -> dict:
         obj = {"completion": "text_completion", "chat": "chat.completion", "generate": "generate"}[self.opts.kind]
@@ -345,8 +347,11 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
 
 
 async def _serve(request: Request, parse, spelling) -> Response:
-    req, opts = parse(json_body(await request.body()))
-    return await _answer(request, gateway(request), req, opts, spelling)
+    body = json_body(await request.body())
+    req, opts = parse(body)
+    gw = gateway(request)
+    req.session_id = gw.session_key(request, body)
+    return await _answer(request, gw, req, opts, spelling)
 
 
 async def _answer(request: Request, gw, req, opts, spelling) -> Response:
@@ -394,6 +399,7 @@ async def chat_completions(request: Request):
         limit = gw.servicer.limits.max_new_tokens
         req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
     req.prompts.append(pb.Prompt(token_ids=ids))
+    req.session_id = gw.session_key(request, body)
     return await _answer(request, gw, req, opts, CHAT_SPELLING)
 
 

@@ -100,7 +100,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompts", "n", "sampling", "min_policy_version", "return_text", "top_logprobs", "stream_tokens", "return_partial")
+    __slots__ = ("request_id", "prompts", "n", "sampling", "min_policy_version", "return_text", "top_logprobs", "stream_tokens", "return_partial", "session_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class GenerateRequest(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STREAM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RETURN_PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     n: int
@@ -119,7 +120,8 @@ class GenerateRequest(_message.Message):
     top_logprobs: int
     stream_tokens: bool
     return_partial: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., stream_tokens: _Optional[bool] = ..., return_partial: _Optional[bool] = ...) -> None: ...
+    session_id: str
+    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., stream_tokens: _Optional[bool] = ..., return_partial: _Optional[bool] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("policy_version", "first_token")
@@ -130,7 +132,7 @@ class VersionSpan(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., first_token: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("prompt_index", "sample_index", "token_ids", "logprobs", "finish_reason", "stop_string", "policy_version", "version_spans", "draft_version", "num_drafted", "num_accepted", "text", "num_prompt_tokens", "prompt_token_ids", "top_token_ids", "top_logprobs", "delta", "delta_start")
+    __slots__ = ("prompt_index", "sample_index", "token_ids", "logprobs", "finish_reason", "stop_string", "policy_version", "version_spans", "draft_version", "num_drafted", "num_accepted", "text", "num_prompt_tokens", "prompt_token_ids", "top_token_ids", "top_logprobs", "delta", "delta_start", "num_cached_tokens")
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +151,7 @@ class Sample(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     DELTA_START_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_index: int
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -167,7 +170,8 @@ class Sample(_message.Message):
     top_logprobs: _containers.RepeatedScalarFieldContainer[float]
     delta: bool
     delta_start: int
-    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., delta: _Optional[bool] = ..., delta_start: _Optional[int] = ...) -> None: ...
+    num_cached_tokens: int
+    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., delta: _Optional[bool] = ..., delta_start: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("version", "target", "total_bytes", "sha256", "in_flight", "partial")
@@ -272,7 +276,7 @@ class ScaleRequest(_message.Message):
     def __init__(self, engines: _Optional[int] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("id", "state", "location", "running_sequences", "policy_version", "draft_version", "samples_finished", "restarts")
+    __slots__ = ("id", "state", "location", "running_sequences", "policy_version", "draft_version", "samples_finished", "restarts", "sessions")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +285,7 @@ class EngineStatus(_message.Message):
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FINISHED_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: EngineState
     location: str
@@ -289,7 +294,8 @@ class EngineStatus(_message.Message):
     draft_version: int
     samples_finished: int
     restarts: int
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., location: _Optional[str] = ..., running_sequences: _Optional[int] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., samples_finished: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+    sessions: int
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[EngineState, str]] = ..., location: _Optional[str] = ..., running_sequences: _Optional[int] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., samples_finished: _Optional[int] = ..., restarts: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
     __slots__ = ("policy_version", "draft_version", "num_drafted", "num_accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "expected_speedup")
@@ -312,7 +318,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches")
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches", "sessions")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +340,7 @@ class Status(_message.Message):
     K_CONTROL_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_TRANSFER_FIELD_NUMBER: _ClassVar[int]
     PATCHES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
     model: str
     policy_version: int
     draft_version: int
@@ -355,7 +362,24 @@ class Status(_message.Message):
     k_control: KControl
     weight_transfer: WeightTransferGroup
     patches: _containers.RepeatedCompositeFieldContainer[PatchState]
-    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ...) -> None: ...
+    sessions: SessionStats
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ..., sessions: _Optional[_Union[SessionStats, _Mapping]] = ...) -> None: ...
+
+class SessionStats(_message.Message):
+    __slots__ = ("sessions", "hits", "moved_unavailable", "moved_overloaded", "started", "evicted")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    MOVED_OVERLOADED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    sessions: int
+    hits: int
+    moved_unavailable: int
+    moved_overloaded: int
+    started: int
+    evicted: int
+    def __init__(self, sessions: _Optional[int] = ..., hits: _Optional[int] = ..., moved_unavailable: _Optional[int] = ..., moved_overloaded: _Optional[int] = ..., started: _Optional[int] = ..., evicted: _Optional[int] = ...) -> None: ...
 
 class KControl(_message.Message):
     __slots__ = ("mode", "steps_by_k", "acceptance", "draft_version", "choices")
