@@ -105,6 +105,31 @@ def client(service):
         yield c
 
 
+EAGLE3_PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9]]
+
+
+@pytest.fixture(scope="session")
+def eagle3_head(tiny_model, tmp_path_factory):
+    """An EAGLE-3 head for the tiny target, trained (seconds) with the code of `rollout-service prepare-drafter
+    --kind eagle3` on the target's own samples of EAGLE3_PROMPTS (4 tokens each, top-k 4: what
+    test_speculation.py's checks sample): the tiny target is a random network, so like any drafter the head can only
+    learn the continuations it is shown. Shared by test_speculation.py and test_trainer_eagle3.py."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.drafting.eagle3 import prepare_eagle3
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    data = []
+    for prompt in EAGLE3_PROMPTS:
+        out = model.generate(torch.tensor([prompt] * 96), do_sample=True, max_new_tokens=4, min_new_tokens=4,
+                             top_k=4, temperature=1.0)
+        data += [(prompt, row[len(prompt):].tolist()) for row in out]
+    return prepare_eagle3(str(tiny_model), data, tmp_path_factory.mktemp("drafters") / "eagle3", epochs=8,
+                          lr=3e-3, draft_vocab_size=256, holdout=8, progress=False)
+
+
 @pytest.fixture(scope="module")
 def hf_model(tiny_model):
     """The served model's weights as they start, in transformers (float32): the tests' independent forward pass."""

@@ -145,26 +145,6 @@ def test_k_by_batch_size_drafts_by_batch(tiny_model, drafter):
     assert drafted <= 0.1 * sum(len(r.token_ids) for r in many), [(r.num_drafted, r.spec_steps) for r in many]
 
 
-@pytest.fixture(scope="module")
-def eagle3_head(tiny_model, tmp_path_factory):
-    """An EAGLE-3 head for the tiny target, trained (seconds) with the code of `rollout-service
-    prepare-drafter --kind eagle3` on the target's own samples of the test's prompts: the tiny target is a
-    random network, so like any drafter the head can only learn the continuations it is shown."""
-    from transformers import AutoModelForCausalLM
-
-    from rollout_service.drafting.eagle3 import prepare_eagle3
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    torch.manual_seed(0)
-    data = []
-    for prompt in PROMPTS:
-        out = model.generate(torch.tensor([prompt] * 96), do_sample=True, max_new_tokens=ARGS["max_tokens"] + 1,
-                             min_new_tokens=ARGS["max_tokens"] + 1, top_k=ARGS["top_k"], temperature=1.0)
-        data += [(prompt, row[len(prompt):].tolist()) for row in out]
-    return prepare_eagle3(str(tiny_model), data, tmp_path_factory.mktemp("drafters") / "eagle3", epochs=8,
-                          lr=3e-3, draft_vocab_size=256, holdout=8, progress=False)
-
-
 @pytest.mark.parametrize("k_control", ["fixed", "auto"])
 def test_eagle3_speculation_is_lossless(tiny_model, eagle3_head, plain, k_control):
     """auto: the controller switches k between 0 and drafting, and at k = 0 the head's pass is skipped

@@ -6,44 +6,20 @@ import json
 import time
 
 import pytest
-import torch
 
 from rollout_client import RolloutClient
-from rollout_client.launcher import ServiceProcess
+from tests.integration.services import running_service
 from trainer_example.train import main as train_main
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77, 8, 9]]
-# the integration services' common settings (tests/integration: one engine, float32, a small KV cache)
-SERVICE_ARGS = ["--max-queue", "64", "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32",
-                "--max-num-seqs", "32"]
-
-
-@pytest.fixture(scope="module")
-def eagle3_head(tiny_model, tmp_path_factory):
-    """A head for the tiny target trained in seconds on its own samples (test_speculation.py's eagle3_head)."""
-    from transformers import AutoModelForCausalLM
-
-    from rollout_service.drafting.eagle3 import prepare_eagle3
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    torch.manual_seed(0)
-    data = []
-    for prompt in PROMPTS:
-        out = model.generate(torch.tensor([prompt] * 48), do_sample=True, max_new_tokens=8, min_new_tokens=8,
-                             top_k=4, temperature=1.0)
-        data += [(prompt, row[len(prompt):].tolist()) for row in out]
-    return prepare_eagle3(str(tiny_model), data, tmp_path_factory.mktemp("drafters") / "eagle3", epochs=4,
-                          lr=3e-3, draft_vocab_size=256, holdout=8, progress=False)
 
 
 @pytest.fixture(scope="module")
 def eagle3_service(tiny_model, eagle3_head, tmp_path_factory):
-    svc = ServiceProcess(str(tiny_model), log_path=tmp_path_factory.mktemp("logs") / "grpo-eagle3.log",
-                         extra_args=SERVICE_ARGS + ["--speculation", "eagle3", "--draft-model", str(eagle3_head),
-                                                    "--num-speculative-tokens", "2"]).start()
-    with RolloutClient(svc.target) as c:
+    with running_service(tiny_model, tmp_path_factory.mktemp("logs") / "grpo-eagle3.log", "--speculation", "eagle3",
+                         "--draft-model", str(eagle3_head), "--num-speculative-tokens", "2") as svc, \
+            RolloutClient(svc.target) as c:
         yield svc, c
-    assert svc.stop() == 0
 
 
 def run_trainer(svc, head, out, *extra):
