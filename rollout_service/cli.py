@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 
 
 def add_flag(parser, path: str, *names: str, **overrides) -> str:
@@ -96,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--alpha", type=float, default=1e-3, help="family-wise significance (Bonferroni)")
     v.add_argument("--prompts", nargs="*", default=["What is 12 + 30?", "Name a color."],
                    help="prompt texts (chat template applied)")
+    v.add_argument("--update-draft", metavar="DIR",
+                   help="a drafter in the served drafter's format (an adapted head, a drafter copy), committed on the "
+                        "speculative engine as UpdateDraft does once a third of its samples finished, the rest in "
+                        "flight: the check covers a drafter updated mid-run")
     return ap
 
 
@@ -150,11 +155,17 @@ def cmd_verify_lossless(args) -> int:
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
+    if args.update_draft and not (Path(args.update_draft) / "model.safetensors").is_file() \
+            and not Path(args.update_draft).is_file():
+        print(f"rollout-service: --update-draft {args.update_draft}: no such drafter (a directory with "
+              "model.safetensors, or the file)", file=sys.stderr)
+        return 2
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
     prompts = [info.encode(p, chat=True) for p in args.prompts]
     report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha)
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha,
+                            update_draft=args.update_draft)
     print(report.render())
     return 0 if report.passed else (2 if report.engine_failed else 1)
 

@@ -123,9 +123,33 @@ class SampleSet:
     top_p: float = 1.0
 
 
-async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], tag: str, env: dict | None = None):
+UPDATE_AFTER = 1 / 3           # update_draft: the share of samples finished when the new drafter is committed
+
+
+async def _update_drafter(engine, path: str) -> None:
+    """Commit the drafter at `path` (a directory with model.safetensors, or the file) on a generating engine as the
+    service's UpdateDraft does (weights/committer.py): prepared beside the running one, then swapped in a pause in
+    keep mode, so the sequences in flight go on under the new drafter."""
+    from pathlib import Path
+
+    f = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
+    prepared = await engine.prepare_weights([str(f)], "drafter")
+    await engine.pause("keep")
+    try:
+        if prepared:
+            await engine.swap_weights("drafter")
+        else:
+            await engine.load_weights(str(f), "drafter")
+        await engine.set_versions(engine.policy_version, engine.draft_version + 1)
+    finally:
+        await engine.resume()
+
+
+async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], tag: str, env: dict | None = None,
+                  update_draft: str | None = None):
     """For each set, (prompt index, SeqResult) for every sample, all from one fresh engine in the same batches;
-    and the engine's k controller snapshot (None unless k_control is auto)."""
+    and the engine's k controller snapshot (None unless k_control is auto). update_draft: a drafter committed once
+    UPDATE_AFTER of the samples finished, the rest in flight (each sample says which drafter version it ended with)."""
     from rollout_service.engine.vllm_engine import VllmEngine
 
     saved = {k: os.environ.get(k) for k in (env or {})}
@@ -136,7 +160,14 @@ async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], t
         seqs = [(i, p, SeqRequest(seq_id=f"{tag}-{i}-{p}-{s}", prompt_token_ids=ids, temperature=ss.temperature,
                                   top_k=ss.top_k, top_p=ss.top_p, max_tokens=ss.max_tokens, ignore_eos=True))
                 for i, ss in enumerate(sets) for p, ids in enumerate(ss.prompts) for s in range(ss.n)]
-        results = await asyncio.gather(*(engine.generate(q) for _, _, q in seqs))
+        tasks = [asyncio.create_task(engine.generate(q)) for _, _, q in seqs]
+        if update_draft:
+            pending, finished = set(tasks), 0
+            while finished < UPDATE_AFTER * len(tasks):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                finished += len(done)
+            await _update_drafter(engine, update_draft)
+        results = await asyncio.gather(*tasks)
         by_set = [[(p, r) for (j, p, _), r in zip(seqs, results) if j == i] for i in range(len(sets))]
         return by_set, await engine.k_control_snapshot()
     finally:
@@ -172,11 +203,13 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
                    max_tokens: int = 4, temperature: float = 1.0, top_k: int = 10, top_p: float = 1.0,
                    alpha: float = 1e-3, logprob_atol: float = 2e-3, base: EngineConfig | None = None,
                    power_temperature: float | None = None, spec_env: dict | None = None,
-                   logprob_samples: int = 24, plain=None) -> LosslessReport:
+                   logprob_samples: int = 24, plain=None, update_draft: str | None = None) -> LosslessReport:
     """`plain` reuses the output of sample_plain with the same arguments. To show the check's power: spec_env
     changes the speculative engine's environment (a fix switched off); power_temperature has the same speculative
     engine also sample every prompt at that temperature, in the same batches, and `report.power` compares those
-    samples with the plain ones (it must reject them)."""
+    samples with the plain ones (it must reject them). update_draft: a drafter (in the served drafter's format)
+    committed on the speculative engine mid-run, as UpdateDraft does while a trainer adapts its drafter: the samples
+    before, across and after the update are all compared."""
     import msgspec
 
     if plain is None:
@@ -186,7 +219,7 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
     sets = [SampleSet(prompts, samples, max_tokens, t, top_k, top_p)
             for t in ((temperature,) if power_temperature is None else (temperature, power_temperature))]
     try:
-        spec_out, k_snapshot = asyncio.run(_sample(model, spec_cfg, sets, "spec", spec_env))
+        spec_out, k_snapshot = asyncio.run(_sample(model, spec_cfg, sets, "spec", spec_env, update_draft))
     except Exception as e:  # noqa: BLE001 - a crashing speculative engine fails the check as its own outcome
         return LosslessReport(
             method=spec.method, samples=(len(plain), 0), tests=[], alpha=alpha, min_p=0.0, acceptance_rate=0.0,
@@ -196,6 +229,11 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
                    top_p=top_p, alpha=alpha, logprob_atol=logprob_atol, logprob_samples=logprob_samples)
     report = _compare(spec_out[0], temperature, **compare)
     report.k_steps = list(k_snapshot["steps_by_k"]) if k_snapshot else []
+    if update_draft:
+        after = [r for _, r in spec_out[0] if r.draft_version > 0]
+        report.notes.append(f"drafter updated mid-run (keep mode) from {update_draft}: {len(after)} of "
+                            f"{len(spec_out[0])} samples ended under the new drafter, "
+                            f"{sum(r.num_accepted for r in after)} of their drafted tokens accepted")
     if power_temperature is not None:
         report.power = _compare(spec_out[1], power_temperature, **compare)
     return report

@@ -1,5 +1,7 @@
 """Speculative decoding is lossless (proven per mechanism), the check has power, and drafter updates
 move acceptance the way they must."""
+import re
+
 import grpc
 import numpy as np
 import pytest
@@ -95,21 +97,27 @@ def test_check_fails_on_a_temperature_mismatch(draft_model_check):
     assert not power.passed_distribution
 
 
-def test_k_by_batch_size_is_lossless_by_the_verify_lossless_command(tiny_model, drafter):
+def test_k_by_batch_size_is_lossless_by_the_verify_lossless_command(tiny_model, drafter, tmp_path):
     """vLLM's dynamic speculative decoding, checked by the command as a user runs it: k changes from step to step
     with the batch (2 while the check's 64 sequences run, 0 and then 3 as they drain) and samples must still follow
-    the plain distribution: exit 0, the G-test table, drafts accepted. A schedule beyond num_speculative_tokens: exit
-    2 naming the range."""
-    import re
+    the plain distribution: exit 0, the G-test table, drafts accepted; a drafter update committed mid-run
+    (--update-draft, another noisy copy) is covered by the same check. A schedule beyond num_speculative_tokens, or an
+    --update-draft that is not a drafter: exit 2 naming the problem."""
     import subprocess
     import sys
 
+    other = perturbed_copy(tiny_model, tmp_path / "other", scale=0.1, seed=2)
     cmd = [sys.executable, "-m", "rollout_service.cli", "verify-lossless", "--model", str(tiny_model),
            "--method", "draft_model", "--draft-model", str(drafter), "-k", "3"]
     r = subprocess.run(cmd + ["--k-by-batch-size", "1-16:3,17-40:0,41-:2", "--samples", "300", "--max-tokens", "3",
-                              "--top-k", "4"], check=False, capture_output=True, text=True, timeout=600)
+                              "--top-k", "4", "--update-draft", str(other)],
+                       check=False, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "RESULT: LOSSLESS" in r.stdout and "p-value" in r.stdout, r.stdout + r.stderr[-3000:]
     assert float(re.search(r"acceptance rate ([0-9.]+)", r.stdout)[1]) > 0.05, r.stdout
+    assert int(re.search(r"(\d+) of 600 samples ended under the new drafter", r.stdout)[1]) > 300, r.stdout
+    r = subprocess.run(cmd + ["--update-draft", str(tmp_path / "nothing")], check=False, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "--update-draft" in r.stderr and "no such drafter" in r.stderr, r.stderr[-2000:]
     r = subprocess.run(cmd + ["--k-by-batch-size", "1-8:4"], check=False, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "[1, 8, 4]" in r.stderr and "num_speculative_tokens=3" in r.stderr, r.stderr[-2000:]
 
@@ -145,17 +153,59 @@ def test_k_by_batch_size_drafts_by_batch(tiny_model, drafter):
     assert drafted <= 0.1 * sum(len(r.token_ids) for r in many), [(r.num_drafted, r.spec_steps) for r in many]
 
 
+@pytest.fixture(scope="module")
+def adapted_head(tiny_model, eagle3_head, tmp_path_factory):
+    """The head after a step of the trainer's online adaptation (trainer_example/drafter.py OnlineEagle3Head) on
+    the policy's own samples, saved whole in the served head's format: what a trainer pushes with UpdateDraft
+    mid-run (`--adapt-drafter`)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from trainer_example.drafter import OnlineEagle3Head
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    head = OnlineEagle3Head(eagle3_head, policy, lr=1e-3, batch=8, seed=1)
+    torch.manual_seed(1)
+    for prompt in PROMPTS:
+        ids = policy.generate(torch.tensor([prompt] * 8), do_sample=True, max_new_tokens=8, min_new_tokens=8,
+                              top_k=ARGS["top_k"], temperature=1.0)
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            out = policy(ids, attention_mask=mask, output_hidden_states=True)
+        generated = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+        generated[:, len(prompt) - 1:] = True                  # targets ids[:, t + 1] past the prompt
+        head.collect(out.hidden_states, out.logits, ids, mask, generated)
+    step = head.adapt()
+    assert step["weights"] and step["head_samples"] > 0, step
+    out_dir = tmp_path_factory.mktemp("drafters") / "eagle3-adapted"
+    shutil.copytree(eagle3_head, out_dir)
+    tensors = load_file(str(out_dir / "model.safetensors"))
+    moved = {k: v for k, v in step["weights"].items() if not torch.equal(v, tensors[k])}
+    assert moved, "the adaptation changed nothing"
+    save_file(tensors | {k: v.contiguous() for k, v in step["weights"].items()}, str(out_dir / "model.safetensors"))
+    return out_dir
+
+
 @pytest.mark.parametrize("k_control", ["fixed", "auto"])
-def test_eagle3_speculation_is_lossless(tiny_model, eagle3_head, plain, k_control):
+def test_eagle3_speculation_is_lossless(tiny_model, eagle3_head, adapted_head, plain, k_control):
     """auto: the controller switches k between 0 and drafting, and at k = 0 the head's pass is skipped
     (k0_fastpath._skip_idle_eagle), so later drafts read a KV cache with gaps: samples must still follow the plain
-    distribution."""
-    report = check_lossless(str(tiny_model), spec(eagle3_head, "eagle3", k_control), PROMPTS, plain=plain, **ARGS)
+    distribution. fixed: the head the trainer adapted online is committed mid-run (keep mode, as UpdateDraft), so
+    the samples before, across and after the update are all checked."""
+    update = str(adapted_head) if k_control == "fixed" else None
+    report = check_lossless(str(tiny_model), spec(eagle3_head, "eagle3", k_control), PROMPTS, plain=plain,
+                            update_draft=update, **ARGS)
     print(report.render())
     assert report.passed, report.render()
     assert report.acceptance_rate > 0.05, "the trained head should be accepted some of the time"
     if k_control == "auto":
         assert report.k_steps[0] > 0 and sum(report.k_steps[1:]) > 0, report.k_steps
+    else:
+        assert any("drafter updated mid-run" in n for n in report.notes), report.notes
+        after = int(re.search(r"(\d+) of \d+ samples ended under the new drafter", report.render())[1])
+        assert after > 0.5 * ARGS["samples"] * len(PROMPTS), report.render()     # two thirds were in flight or to come
 
 
 def test_eagle3_head_update_moves_acceptance(tiny_model, eagle3_head, tmp_path):
