@@ -33,12 +33,18 @@ def prepare_cpu_environment(kv_cache_gb: float) -> None:
     OpenMP threads to all of them. PyTorch allocates tensors of 2 MB and more on transparent huge pages
     (THP_MEM_ALLOC_ENABLE; these kernels only grant them on madvise): a weight push prepares ~0.45 GB of
     fresh tensors in the worker, and at 4 KB pages the ~110k page faults took 0.4-0.5 s of a 0.7 s
-    preparation (bench/weight_push.py: preparation 0.7 -> 0.25 s; generation throughput unchanged).
-    Settings already in the environment win. Spawned children exec a fresh interpreter, so os.environ
-    set here reaches them.
+    preparation (bench/weight_push.py: preparation 0.7 -> 0.25 s; generation throughput unchanged). numba (the
+    n-gram proposer's) gets one thread on its workqueue layer. Settings already in the environment win. Engine
+    processes get os.environ as it is when they start (spawned, or forked from engine/forkserver.py with it).
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # vLLM's n-gram proposer runs numba on one thread (ngram_proposer.py caps it at 1), but numba still starts a
+    # pool of one thread per CPU on its default OpenMP layer, which competes with the model's OpenMP threads: on 2
+    # cores, n-gram under the k controller ran 0.93x and 0.57x of plain at 8 and 32 sequences with it, 1.08x and
+    # 0.95x with one workqueue thread (bench/speculation.py, 2026-11-26; docs/speculation.md).
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
     usable = sorted(os.sched_getaffinity(0))
     if len(usable) <= SMALL_MACHINE_CPUS:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(usable))
