@@ -54,3 +54,13 @@ class TokenDelta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     version_spans: list[tuple[int, int]]    # (policy_version, first_token as an index in the whole sequence)
     top_token_ids: list[list[int]] = []     # [new][top_logprobs]
     top_logprobs: list[list[float]] = []
+
+
+def joined_spans(first: list[tuple[int, int]], then: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Version spans (policy_version, first_token) of a sequence followed by those of its continuation, indexed in
+    the whole sequence: a continuation's span of the version already running adds nothing."""
+    out = list(first)
+    for v, t in then:
+        if not out or out[-1][0] != v:
+            out.append((v, t))
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from rollout_service.engine.types import SeqResult, TokenDelta
+from rollout_service.engine.types import SeqResult, TokenDelta, joined_spans
 
 
 class Partial(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -25,7 +25,7 @@ class Partial(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
 
     def joined(self, r: SeqResult) -> SeqResult:
         """The whole sample: this partial followed by the engine's result r (r's indices start after it)."""
-        spans = _merged(self.version_spans if len(self) else [], [(v, t + len(self)) for v, t in r.version_spans])
+        spans = joined_spans(self.version_spans if len(self) else [], [(v, t + len(self)) for v, t in r.version_spans])
         return msgspec.structs.replace(
             r, token_ids=self.token_ids + r.token_ids, logprobs=self.logprobs + r.logprobs,
             top_token_ids=self.top_token_ids + r.top_token_ids, top_logprobs=self.top_logprobs + r.top_logprobs,
@@ -35,11 +35,3 @@ class Partial(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
         """An engine delta, indexed in the whole sample."""
         n = len(self)
         return msgspec.structs.replace(d, start=d.start + n, version_spans=[(v, t + n) for v, t in d.version_spans])
-
-
-def _merged(first: list[tuple[int, int]], then: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = list(first)
-    for v, t in then:
-        if not out or out[-1][0] != v:
-            out.append((v, t))
-    return out

@@ -15,7 +15,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from rollout_service.engine.types import SeqResult, TokenDelta
+from rollout_service.engine.types import SeqResult, TokenDelta, joined_spans
 from rollout_service.errors import ServiceError
 
 
@@ -51,9 +51,7 @@ class Progress:
         self.logprobs += d.logprobs
         self.top_token_ids += d.top_token_ids
         self.top_logprobs += d.top_logprobs
-        for v, t in d.version_spans:
-            if not self.version_spans or self.version_spans[-1][0] != v:
-                self.version_spans.append((v, t))
+        self.version_spans = joined_spans(self.version_spans, d.version_spans)
 
     @property
     def end(self) -> int:
