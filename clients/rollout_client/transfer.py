@@ -98,23 +98,31 @@ def send(pg, tensors: list, src: int, buffer_bytes: int, buffers: list | None = 
 def receive(pg, metas: list[tuple[str, str, list[int]]], src: int, buffer_bytes: int,
             consume: Callable[[list[tuple[str, object]]], None], buffers: list | None = None) -> int:
     """Receive the tensors `metas` [(name, dtype name, shape)] broadcast from rank `src`, handing each chunk's
-    (name, tensor) views to `consume` (they are valid only during the call) while the next chunk arrives.
-    Returns the bytes received. buffers: a list kept between calls."""
+    (name, tensor) views to `consume` while the next chunk arrives. Returns the bytes received.
+
+    buffers: a list kept between calls, two buffers reused chunk after chunk: the views are valid only during
+    `consume`. None: a fresh buffer per chunk, so a view stays valid as long as the consumer keeps it. vLLM's
+    layerwise reload (`load_weights` during a weight update) keeps each tensor it is given until every weight of
+    that layer has arrived, which may be chunks later: it needs None (with reused buffers the next chunks
+    overwrote a split layer's first part, and the engine served weights that were neither version)."""
     import torch
 
     sizes = [nbytes(d, s) for _, d, s in metas]
     plan = chunks(sizes, buffer_bytes)
     if not plan:
         return 0
-    if buffers is None:
-        buffers = []
-    works = [pg.broadcast(_buffer(buffers, 0, sum(sizes[i] for i in plan[0])), src)]
+
+    def post(n: int):
+        buf = _buffer(buffers, n % 2, sum(sizes[i] for i in plan[n]))
+        return buf, pg.broadcast(buf, src)
+
+    pending = [post(0)]
     got = 0
     for n, idx in enumerate(plan):
-        works[n].wait()
-        cur = _buffer(buffers, n % 2, sum(sizes[i] for i in idx))
-        if n + 1 < len(plan):                  # the next chunk lands in the other buffer while this one is used
-            works.append(pg.broadcast(_buffer(buffers, (n + 1) % 2, sum(sizes[i] for i in plan[n + 1])), src))
+        cur, work = pending.pop(0)
+        work.wait()
+        if n + 1 < len(plan):                  # the next chunk lands in another buffer while this one is used
+            pending.append(post(n + 1))
         out, off = [], 0
         for i in idx:
             name, dtype, shape = metas[i]
@@ -124,6 +132,7 @@ def receive(pg, metas: list[tuple[str, str, list[int]]], src: int, buffer_bytes:
                 piece = piece.clone()          # an unaligned start (after an odd-sized bf16 tensor)
             out.append((name, piece.view(getattr(torch, dtype)).view(shape)))
             off += sizes[i]
+        del cur
         consume(out)
         got += off
     return got

@@ -59,7 +59,6 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self.group = None
         self.info: GlooInitInfo | None = None
-        self.buffers: list = []            # receive buffers kept between pushes (no page faults after the first)
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         from vllm.distributed.utils import stateless_init_torch_distributed_process_group
@@ -94,7 +93,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             raise RuntimeError("gloo weight transfer is not initialized; call init_weight_transfer_engine first")
         metas = list(zip(update_info.names, update_info.dtype_names, update_info.shapes))
         for src, mine in by_rank(metas, update_info.src_ranks, self.info.trainer_ranks):
-            receive(self.group, mine, src, self.info.packed_buffer_size_bytes, self.model.load_weights, self.buffers)
+            # a fresh buffer per chunk (buffers=None): the layerwise reload keeps a layer's tensors until all of
+            # them arrived, possibly chunks later, so no buffer may be reused within a push
+            receive(self.group, mine, src, self.info.packed_buffer_size_bytes, self.model.load_weights)
 
     def shutdown(self) -> None:
         if self.group is not None:

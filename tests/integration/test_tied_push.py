@@ -50,6 +50,26 @@ def test_push_into_tied_model_updates_embedding_and_head(tied):
     check(c, model, 2)
 
 
+def test_transfer_into_tied_model_updates_embedding_and_head(tied):
+    """The same over the weight-transfer group (the trainer example's default path): vLLM's layerwise reload
+    skips the tied lm_head, which must still follow the new embedding."""
+    from rollout_client.transfer import WeightSync
+
+    path, c, _ = tied
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    v = c.status().policy_version
+    sync = WeightSync(c, timeout_s=20)
+    sync.connect(timeout=60)
+    try:
+        for step in (1, 2):
+            with torch.no_grad():
+                model.model.embed_tokens.weight.mul_(-1.3).add_(0.2 * torch.randn_like(model.model.embed_tokens.weight))
+            sync.push(model, v + step)
+            check(c, model, v + step)
+    finally:
+        sync.close()
+
+
 def remaining(procs: list[psutil.Process]) -> list[str]:
     out = []
     for p in procs:
