@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram,suffix]
                                           [--fixed-k draft_model:3,eagle3:2,ngram:3,suffix:3]
-                                          [--concurrency 1,4,8,16,32,64] [--max-tokens 128] [--samples-per-slot 2]
+                                          [--no-fixed] [--concurrency 1,4,8,16,32,64] [--max-tokens 128]
+                                          [--samples-per-slot 2]
                                           [--draft-model DIR] [--eagle3-head DIR] [--json
                                           bench/results/speculation.json]
 
@@ -24,7 +25,7 @@ length L over the drafting steps; the per-token acceptance a solved from L (spec
 drafter cost c (one drafter forward over one target forward at the same batch, timed in PyTorch; 0 for
 n-gram and suffix decoding); the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)) at the k the cell drafted
 (for auto rows the best bound over k = 0..k_max, 1.0 being k = 0); and for auto rows the share of engine steps at
-each k.
+each k and the share run with the drafter switched off (k = 0 where the controller found drafting loses).
 Results go to --json (a list of cells) and a table on stdout.
 """
 from __future__ import annotations
@@ -147,6 +148,14 @@ def steps_share(before: dict | None, after: dict | None) -> list[float]:
     return [round(x / max(1, sum(d)), 3) for x in d]
 
 
+def off_share(before: dict | None, after: dict | None) -> float | None:
+    """The share of engine steps the controller ran with the drafter switched off (k = 0, nothing drafted)."""
+    if not before or not after:
+        return None
+    steps = sum(after["steps_by_k"]) - sum(before["steps_by_k"])
+    return round((after.get("off_steps", 0) - before.get("off_steps", 0)) / max(1, steps), 3)
+
+
 async def run(args) -> list[dict]:
     from transformers import AutoTokenizer
 
@@ -174,7 +183,7 @@ async def run(args) -> list[dict]:
             common = dict(method=method, model=drafters[method], num_speculative_tokens=k,
                           prompt_lookup_min=2, prompt_lookup_max=5)
             auto = await start(model, SpeculationConfig(k_control="auto", **common))
-            fix = await start(model, SpeculationConfig(k_control="fixed", **common))
+            fix = None if args.no_fixed else await start(model, SpeculationConfig(k_control="fixed", **common))
             try:
                 for c in conc:                                   # the controller's first minutes of serving
                     await held(auto, work, c, c, min(64, args.max_tokens), "warm-up")
@@ -183,10 +192,10 @@ async def run(args) -> list[dict]:
                     p1 = await held(plain, work, c, n_of[c], args.max_tokens, "plain")
                     ra = await held(auto, work, c, n_of[c], args.max_tokens, f"{method} auto")
                     snap1 = await auto.k_control_snapshot()
-                    rf = await held(fix, work, c, n_of[c], args.max_tokens, f"{method} k={k}")
+                    rf = fix and await held(fix, work, c, n_of[c], args.max_tokens, f"{method} k={k}")
                     p2 = await held(plain, work, c, n_of[c], args.max_tokens, "plain")
                     p = (p1["tok_s"] + p2["tok_s"]) / 2
-                    for kk, r in (("auto", ra), (k, rf)):
+                    for kk, r in (("auto", ra), (k, rf)) if rf else (("auto", ra),):
                         a, bound = cell_bound(r, kk, k, cost[c])
                         cells.append({"method": method, "drafter": Path(drafters[method]).name, "k": kk,
                                       "concurrency": c, "plain_tok_s": round(p, 2),
@@ -197,6 +206,7 @@ async def run(args) -> list[dict]:
                                       "drafter_cost": round(cost[c], 3),
                                       "plain_spread": round(abs(p1["tok_s"] - p2["tok_s"]) / p, 3),
                                       "k_share": steps_share(snap0, snap1) if kk == "auto" else [],
+                                      "drafter_off_share": off_share(snap0, snap1) if kk == "auto" else None,
                                       "date": date})
                         print(f"  {method:<11} k={kk!s:<4} conc {c:>2}: plain {p:7.1f} tok/s, spec {r['tok_s']:7.1f} "
                               f"tok/s, speedup {r['tok_s'] / p:5.2f} (bound {bound:4.2f}), L {r['mal']:.2f}",
@@ -206,7 +216,8 @@ async def run(args) -> list[dict]:
                     Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
             finally:
                 await auto.shutdown()
-                await fix.shutdown()
+                if fix:
+                    await fix.shutdown()
     finally:
         await plain.shutdown()
     return cells
@@ -215,9 +226,11 @@ async def run(args) -> list[dict]:
 def print_table(cells: list[dict]) -> None:
     print("\nmethod          k  conc  plain tok/s  spec tok/s  speedup  bound  speedup/bound  accepted/drafted"
           "  mean acc len"
-          "  per-token a  cost c  plain spread  steps by k")
+          "  per-token a  cost c  plain spread  steps by k (drafter off)")
     for x in cells:
         share = " ".join(f"{v:.2f}" for v in x["k_share"]) or "-"
+        if x.get("drafter_off_share") is not None:
+            share += f" ({x['drafter_off_share']:.2f})"
         print(f"{x['method']:<12} {x['k']!s:>4} {x['concurrency']:>5} {x['plain_tok_s']:>12.1f} "
               f"{x['spec_tok_s']:>11.1f} {x['speedup']:>8.2f} {x['bound']:>6.2f} "
               f"{x['speedup'] / x['bound']:>14.2f} {x['acceptance_rate']:>17.3f}"
@@ -233,6 +246,8 @@ def main() -> None:
     ap.add_argument("--methods", default="draft_model,eagle3,ngram,suffix")
     ap.add_argument("--fixed-k", default="draft_model:3,eagle3:2,ngram:3,suffix:3",
                     help="each method's fixed k (its best in earlier runs); also the controller's k_max")
+    ap.add_argument("--no-fixed", action="store_true",
+                    help="measure only the controller's engine against plain (a quarter less time per method)")
     ap.add_argument("--concurrency", default="1,4,8,16,32,64")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--samples-per-slot", type=int, default=2,

@@ -46,6 +46,7 @@ class LosslessReport:
     passed_logprobs: bool
     notes: list[str] = field(default_factory=list)
     k_steps: list[int] = field(default_factory=list)   # k_control auto: the speculative engine's steps by k drafted
+    drafter_off_steps: int = 0        # k_control auto: of its k = 0 steps, those with the drafter switched off
     engine_failed: str = ""                            # the speculative engine crashed: nothing was compared
     power: "LosslessReport | None" = None              # check_lossless(power_temperature=...): the mismatched side
 
@@ -78,7 +79,8 @@ class LosslessReport:
             f"log-probs vs independent forward pass: max |diff| = {self.logprob_max_abs_err:.2e} nats "
             f"(tolerance {self.logprob_atol:g}) -> {'PASS' if self.passed_logprobs else 'FAIL'}",
             f"acceptance rate {self.acceptance_rate:.3f}, mean acceptance length {self.mean_acceptance_length:.2f}",
-            *([f"k chosen per step (auto): engine steps by k {self.k_steps}"] if self.k_steps else []),
+            *([f"k chosen per step (auto): engine steps by k {self.k_steps}, {self.drafter_off_steps} of them with "
+               "the drafter switched off"] if self.k_steps else []),
             *self.notes,
             *([f"the speculative engine failed while sampling: {self.engine_failed}"] if self.engine_failed else []),
             *([f"power: the same engine, in the same batches, at another temperature against the plain samples: "
@@ -229,6 +231,7 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
                    top_p=top_p, alpha=alpha, logprob_atol=logprob_atol, logprob_samples=logprob_samples)
     report = _compare(spec_out[0], temperature, **compare)
     report.k_steps = list(k_snapshot["steps_by_k"]) if k_snapshot else []
+    report.drafter_off_steps = k_snapshot.get("off_steps", 0) if k_snapshot else 0
     if update_draft:
         after = [r for _, r in spec_out[0] if r.draft_version > 0]
         report.notes.append(f"drafter updated mid-run (keep mode) from {update_draft}: {len(after)} of "

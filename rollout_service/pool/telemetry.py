@@ -150,6 +150,8 @@ class _KControlCollector:
                                   labels=["engine", "batch_sizes", "draft_version", "kind"])
         chosen = GaugeMetricFamily("rollout_spec_k_chosen_now", "k the controller currently picks",
                                    labels=["engine", "batch_sizes"])
+        off = GaugeMetricFamily("rollout_spec_drafter_off", "1 where drafting loses and the controller switched the "
+                                "drafter off (k = 0, nothing of the drafter run)", labels=["engine", "batch_sizes"])
         for engine, snap in sorted(self.t.k_control.items()):
             counts, cum, buckets = snap["steps_by_k"], 0, []
             for k, n in enumerate(counts):
@@ -159,6 +161,7 @@ class _KControlCollector:
             hist.add_metric([engine], buckets, sum_value=sum(k * n for k, n in enumerate(counts)))
             for row in snap["buckets"]:
                 chosen.add_metric([engine, row["batch"]], row["chosen_k"])
+                off.add_metric([engine, row["batch"]], float(bool(row.get("drafter_off"))))
                 for k, ms in enumerate(row["step_ms"]):
                     if ms is not None:
                         step.add_metric([engine, row["batch"], str(k)], ms / 1e3)
@@ -166,4 +169,4 @@ class _KControlCollector:
                     if row[f"{kind}_speedup"] is not None:
                         speed.add_metric([engine, row["batch"], str(snap["draft_version"]), kind],
                                          row[f"{kind}_speedup"])
-        yield from (hist, step, speed, chosen)
+        yield from (hist, step, speed, chosen, off)

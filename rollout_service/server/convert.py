@@ -65,12 +65,14 @@ def k_control_to_proto(mode: str, snapshots: dict[str, dict]) -> pb.KControl:
     first = snapshots[min(snapshots)]
     out.acceptance.extend(a for a in first["acceptance"] if a is not None)
     out.draft_version = first["draft_version"]
+    out.drafter_off_steps = sum(s.get("off_steps", 0) for s in snapshots.values())
     for engine, snap in sorted(snapshots.items()):
         for row in snap["buckets"]:
             out.choices.add(engine=engine, batch_sizes=row["batch"], chosen_k=row["chosen_k"],
                             step_ms=[x or 0.0 for x in row["step_ms"]],
                             expected_speedup=row["expected_speedup"] or 0.0,
-                            realized_speedup=row["realized_speedup"] or 0.0)
+                            realized_speedup=row["realized_speedup"] or 0.0,
+                            drafter_off=bool(row.get("drafter_off")))
     return out
 
 

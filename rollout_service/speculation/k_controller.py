@@ -29,12 +29,22 @@ Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
   dearer than it was at one sequence for the rest of a run), and after that one step's time moves it by at most
   a factor 2 (a stall or a collection does not redefine it);
 - without measured acceptance (at start, after a new drafter), the cheapest k > 0 drafts until it is measured.
+
+Where drafting loses (the acceptance measured, k = 0 and k = 1 measured in a bucket, and k = 0 the best), the
+controller switches the drafter off for that bucket: its k = 0 decisions say so (`last_off`), the scheduler marks
+the step, and the worker then runs nothing of the drafter, not even the draft model's pass that keeps its KV cache
+in step with the target's (speculation/k0_fastpath.py). k = 0 chosen to measure or to refresh the reference while
+drafting pays keeps that pass. An off bucket still re-tries k = 1 as exploration does (eight times less often where
+it looked clearly worse), so it turns back on when drafting starts to pay; a draft model's drafts there are made
+from a KV cache with gaps, which the acceptance it then measures includes.
 """
 from __future__ import annotations
 
 import random
 import statistics
 from dataclasses import dataclass, field
+
+DRAFTER_OFF = "rollout_drafter_off"     # SchedulerOutput attribute: k = 0 with the drafter switched off (k0_fastpath)
 
 
 def bucket_of(batch: int) -> int:
@@ -74,17 +84,22 @@ class KController:
         self.draft_version = 0
         self.steps_by_k = [0] * (k_max + 1)    # every step scheduled, by the k it drafted
         self.decisions = 0
-        self._current: dict[int, tuple[int, int]] = {}   # bucket -> (k, steps left)
+        self._current: dict[int, tuple[int, int, bool]] = {}   # bucket -> (k, steps left, drafter off)
+        self.last_off = False                  # the last choose(): k = 0 with the drafter switched off
+        self.off_steps = 0                     # steps scheduled with the drafter switched off
+        self.force_off = False                 # every k = 0 decision switches the drafter off (a test's setting)
 
     # ---- what the scheduler calls ---------------------------------------------------------------------------
     def choose(self, batch: int) -> int:
         b = bucket_of(batch)
-        k, left = self._current.get(b, (-1, 0))
+        k, left, off = self._current.get(b, (-1, 0, False))
         if left <= 0:
             k = self._decide(b)
-            left = self.dwell
-        self._current[b] = (k, left - 1)
+            left, off = self.dwell, k == 0 and (self.force_off or self.off(b))
+        self._current[b] = (k, left - 1, off)
         self.steps_by_k[k] += 1
+        self.last_off = off
+        self.off_steps += off
         return k
 
     def observe(self, batch: int, k: int, seconds: float, accepted_counts: list[int] | None = None) -> None:
@@ -175,6 +190,11 @@ class KController:
                 return k
         return best
 
+    def off(self, b: int) -> bool:
+        """Drafting loses at bucket b: with the acceptance known and k = 0 and k = 1 measured, k = 0 is the best."""
+        measured = all(self.cells.get((b, k)) is not None and self.cells[(b, k)].n >= self.min_obs for k in (0, 1))
+        return measured and self.acceptance_known() and self.best(b) == 0
+
     def _ratio(self, b: int, k: int, against: int = 0) -> float | None:
         r, ref = self.rate(b, k), self.rate(b, against)
         return r / ref if r is not None and ref else None
@@ -199,7 +219,7 @@ class KController:
             chosen, cell = self.rate(b, best), self.cells.get((b, best))
             measured = plain is not None and plain.n >= self.min_obs and cell is not None and cell.n >= self.min_obs
             rows.append({
-                "batch": bucket_name(b), "chosen_k": best,
+                "batch": bucket_name(b), "chosen_k": best, "drafter_off": self.off(b),
                 "step_ms": [round(self.cells[(b, k)].seconds * 1e3, 3) if (b, k) in self.cells else None
                             for k in range(self.k_max + 1)],
                 # L(k*) from the acceptance model, and the tokens per sequence-step the chosen cell really made
@@ -207,4 +227,5 @@ class KController:
                 "realized_speedup": cell.tokens / cell.seconds * plain.seconds if measured else None,
             })
         return {"k_max": self.k_max, "draft_version": self.draft_version, "steps_by_k": list(self.steps_by_k),
+                "off_steps": self.off_steps,
                 "acceptance": self.acceptance(), "buckets": rows}

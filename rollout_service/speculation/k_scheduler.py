@@ -3,7 +3,10 @@
 vLLM 0.32's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`) looks k up per step in a dense
 list, `Scheduler.dynamic_sd_lookup[batch size]`, and the worker drafts that many tokens for the next step. Here the
 list is replaced by an object whose lookup asks the controller, so vLLM's own path does the rest (no padding to a
-fixed k, drafters told how many to draft, k = 0 drafting nothing). Step times and acceptance are read in
+fixed k, drafters told how many to draft, k = 0 drafting nothing). A k = 0 step in a batch size where the controller
+switched the drafter off carries `rollout_drafter_off` on its SchedulerOutput (a plain dataclass: the attribute
+reaches the workers in-process and through the multiprocess executor's pickling), and the worker skips the
+drafter's pass (speculation/k0_fastpath.py). Step times and acceptance are read in
 `update_from_output`. Named by `scheduler_cls`, the class is built in the EngineCore process, on top of whichever
 scheduler vLLM chose (the asynchronous one where async scheduling is on).
 
@@ -12,13 +15,14 @@ The front end reaches the controller through an EngineCore utility, `rollout_spe
 """
 from __future__ import annotations
 
+import os
 import time
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 
-from rollout_service.speculation.k_controller import KController
+from rollout_service.speculation.k_controller import DRAFTER_OFF, KController
 
 
 class _Lookup:
@@ -37,6 +41,9 @@ class _KControlled:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)       # vLLM's Scheduler or AsyncScheduler, next in the MRO
         self.k_controller = KController(self.num_spec_tokens)
+        # every k = 0 step with the drafter off, as if drafting lost everywhere: the losslessness check of drafts
+        # made after skipped passes (tests/integration/test_speculation.py)
+        self.k_controller.force_off = os.environ.get("ROLLOUT_K_CONTROL_FORCE_OFF") == "1"
         self.dynamic_sd_lookup = _Lookup(self.k_controller)
         self._k_steps: dict[int, tuple] = {}      # id(scheduler output) -> (scheduled at, batch, k, steady)
         self._k_last = -1
@@ -47,6 +54,8 @@ class _KControlled:
         out = super().schedule(*args, **kwargs)
         k = out.num_spec_tokens_to_schedule
         batch = len(out.num_scheduled_tokens)
+        # the controller decided this step's k (vLLM asks it only when a sequence is scheduled)
+        setattr(out, DRAFTER_OFF, batch > 0 and k == 0 and self.k_controller.last_off)
         spec = out.scheduled_spec_decode_tokens
         decode_only = batch > 0 and not out.scheduled_new_reqs and all(
             n == 1 + len(spec.get(r, ())) for r, n in out.num_scheduled_tokens.items())

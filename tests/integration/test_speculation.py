@@ -66,15 +66,22 @@ def test_draft_model_speculation_is_lossless(draft_model_check):
     assert 0.05 < report.acceptance_rate < 0.99, "the drafter should be neither useless nor perfect"
 
 
-def test_k_chosen_per_step_is_lossless(tiny_model, drafter, plain):
+@pytest.mark.parametrize("off", [False, True], ids=["controller", "drafter-off"])
+def test_k_chosen_per_step_is_lossless(tiny_model, drafter, plain, off):
     """k_control auto (the default): the controller switches k between 0 and drafting while the check's
     sequences run (it measures k = 0, then 1, 2, ... per batch size). Samples must still follow the plain
     distribution (steps without drafts take the plain sampling path, speculation/k0_fastpath.py), and the engine
-    must really have run steps with and without drafts."""
-    report = check_lossless(str(tiny_model), spec(drafter, k_control="auto"), PROMPTS, plain=plain, **ARGS)
+    must really have run steps with and without drafts. drafter-off: every k = 0 step runs with the drafter
+    switched off, as where the controller finds that drafting loses: the draft model's pass is skipped (the first
+    steps prefill the prompts), so its drafts, once the controller drafts, come from a KV cache with gaps."""
+    env = {"ROLLOUT_K_CONTROL_FORCE_OFF": "1"} if off else None
+    report = check_lossless(str(tiny_model), spec(drafter, k_control="auto"), PROMPTS, plain=plain, spec_env=env,
+                            **ARGS)
     print(report.render())
     assert report.passed, report.render()
     assert len(report.k_steps) == 4 and report.k_steps[0] > 0 and sum(report.k_steps[1:]) > 0, report.k_steps
+    if off:
+        assert report.drafter_off_steps == report.k_steps[0], (report.drafter_off_steps, report.k_steps)
 
 
 def test_check_fails_without_the_cpu_sampling_fix(tiny_model, drafter, repeats):

@@ -132,6 +132,10 @@ def test_status_and_metrics_show_the_controller():
     assert f'rollout_spec_k_chosen_count{{engine="engine-0"}} {float(sum(ctl.steps_by_k))}' in text
     assert 'rollout_spec_step_seconds{batch_sizes="17-32",engine="engine-0",k="0"}' in text
     assert 'rollout_spec_k_chosen_now{batch_sizes="1",engine="engine-0"} 3.0' in text
+    assert not by_batch["1"].drafter_off and by_batch["17-32"].drafter_off
+    assert msg.drafter_off_steps == ctl.off_steps > 0
+    assert 'rollout_spec_drafter_off{batch_sizes="17-32",engine="engine-0"} 1.0' in text
+    assert 'rollout_spec_drafter_off{batch_sizes="1",engine="engine-0"} 0.0' in text
     assert k_control_to_proto("fixed", {}).mode == "fixed"
 
 
@@ -161,3 +165,54 @@ def test_no_deeper_k_is_tried_where_the_first_draft_already_loses():
     chosen = drive(ctl, 2, lambda k: 0.05 * (1 + 1.2 * k), 0.05, 600)
     assert chosen.count(2) == 0 and chosen.count(3) == 0, {k: chosen.count(k) for k in range(4)}
     assert settled(chosen) == 0
+
+
+def offs(ctl: KController, batch: int, step_s, accept: float, steps: int) -> list[tuple[int, bool]]:
+    """drive(), recording per step (k, whether the controller switched the drafter off for it)."""
+    out = []
+    rng, last = random.Random(1), None
+    for _ in range(steps):
+        k = ctl.choose(batch)
+        out.append((k, ctl.last_off))
+        counts = [sum(1 for _ in range(k) if rng.random() < accept)] * batch if k else None
+        if k == last:
+            ctl.observe(batch, k, step_s(k), counts)
+        last = k
+    return out
+
+
+def test_the_drafter_is_switched_off_only_where_drafting_was_measured_to_lose():
+    """Off (k = 0 with nothing of the drafter run) needs the acceptance and both k = 0 and k = 1 measured in the
+    bucket and k = 0 best; k = 0 run to measure, or to refresh the reference while drafting pays, keeps the
+    drafter's pass; a bucket where drafting pays is never off."""
+    ctl = KController(3)
+    loses = offs(ctl, 32, lambda k: 0.05 * (1 + 0.9 * k), 0.3, 600)
+    assert not any(off for _, off in loses[:12])               # measuring k = 0 and k = 1 first
+    assert all(k == 0 for k, off in loses if off)
+    tail = loses[-300:]
+    assert sum(off for _, off in tail) >= 250 and ctl.off(bucket_of(32))
+    pays = offs(ctl, 1, lambda k: 0.02 * (1 + 0.05 * k), 0.7, 600)
+    assert not any(off for _, off in pays) and not ctl.off(0)
+    assert any(k == 0 for k, _ in pays[100:])                  # the reference is refreshed, with the drafter run
+    snap = ctl.snapshot()
+    assert {r["batch"]: r["drafter_off"] for r in snap["buckets"]} == {"1": False, "17-32": True}
+    assert snap["off_steps"] == sum(off for _, off in loses + pays)
+
+
+def test_an_off_bucket_turns_back_on_when_drafting_starts_to_pay():
+    """Exploration still re-tries k = 1 in an off bucket, so cheaper verification (another load on the machine)
+    brings drafting back; so does a new drafter (UpdateDraft: its acceptance is measured afresh)."""
+    cost = [0.6]
+    ctl = KController(3)
+    offs(ctl, 8, lambda k: 0.04 * (1 + cost[0] * k), 0.2, 600)
+    assert ctl.off(bucket_of(8))
+    cost[0] = 0.05
+    after = offs(ctl, 8, lambda k: 0.04 * (1 + cost[0] * k), 0.2, 3000)
+    assert not ctl.off(bucket_of(8)) and settled([k for k, _ in after]) > 0
+
+    ctl = KController(3)
+    offs(ctl, 8, lambda k: 0.04 * (1 + 0.9 * k), 0.2, 800)
+    assert ctl.off(bucket_of(8))
+    ctl.drafter_changed(1)
+    after = offs(ctl, 8, lambda k: 0.04 * (1 + 0.1 * k), 0.8, 2000)
+    assert not ctl.off(bucket_of(8)) and settled([k for k, _ in after]) > 0

@@ -382,34 +382,38 @@ class SessionStats(_message.Message):
     def __init__(self, sessions: _Optional[int] = ..., hits: _Optional[int] = ..., moved_unavailable: _Optional[int] = ..., moved_overloaded: _Optional[int] = ..., started: _Optional[int] = ..., evicted: _Optional[int] = ...) -> None: ...
 
 class KControl(_message.Message):
-    __slots__ = ("mode", "steps_by_k", "acceptance", "draft_version", "choices")
+    __slots__ = ("mode", "steps_by_k", "acceptance", "draft_version", "choices", "drafter_off_steps")
     MODE_FIELD_NUMBER: _ClassVar[int]
     STEPS_BY_K_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_OFF_STEPS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     steps_by_k: _containers.RepeatedScalarFieldContainer[int]
     acceptance: _containers.RepeatedScalarFieldContainer[float]
     draft_version: int
     choices: _containers.RepeatedCompositeFieldContainer[KChoice]
-    def __init__(self, mode: _Optional[str] = ..., steps_by_k: _Optional[_Iterable[int]] = ..., acceptance: _Optional[_Iterable[float]] = ..., draft_version: _Optional[int] = ..., choices: _Optional[_Iterable[_Union[KChoice, _Mapping]]] = ...) -> None: ...
+    drafter_off_steps: int
+    def __init__(self, mode: _Optional[str] = ..., steps_by_k: _Optional[_Iterable[int]] = ..., acceptance: _Optional[_Iterable[float]] = ..., draft_version: _Optional[int] = ..., choices: _Optional[_Iterable[_Union[KChoice, _Mapping]]] = ..., drafter_off_steps: _Optional[int] = ...) -> None: ...
 
 class KChoice(_message.Message):
-    __slots__ = ("engine", "batch_sizes", "chosen_k", "step_ms", "expected_speedup", "realized_speedup")
+    __slots__ = ("engine", "batch_sizes", "chosen_k", "step_ms", "expected_speedup", "realized_speedup", "drafter_off")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     CHOSEN_K_FIELD_NUMBER: _ClassVar[int]
     STEP_MS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
     REALIZED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_OFF_FIELD_NUMBER: _ClassVar[int]
     engine: str
     batch_sizes: str
     chosen_k: int
     step_ms: _containers.RepeatedScalarFieldContainer[float]
     expected_speedup: float
     realized_speedup: float
-    def __init__(self, engine: _Optional[str] = ..., batch_sizes: _Optional[str] = ..., chosen_k: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ..., realized_speedup: _Optional[float] = ...) -> None: ...
+    drafter_off: bool
+    def __init__(self, engine: _Optional[str] = ..., batch_sizes: _Optional[str] = ..., chosen_k: _Optional[int] = ..., step_ms: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ..., realized_speedup: _Optional[float] = ..., drafter_off: _Optional[bool] = ...) -> None: ...
 
 class WeightTransferInit(_message.Message):
     __slots__ = ("backend", "master_address", "master_port", "trainer_ranks", "timeout_s")
