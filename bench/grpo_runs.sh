@@ -27,9 +27,11 @@
 #   bash bench/grpo_runs.sh adapt-eagle3 [STEPS] [LR]
 #                                             the cached EAGLE-3 head adapted online (the trainer trains it on each
 #                                             step's samples from the policy's own hidden states, pushes it every
-#                                             DRAFT_EVERY=2 steps) against the same head frozen: same seed, same
-#                                             service settings (k chosen per step, k <= 3; K_CONTROL=fixed drafts
-#                                             k = 3 every step), default 30 steps at lr 1e-5 (the policy moves: KL
+#                                             DRAFT_EVERY=1 steps, on HEAD_SAMPLES=12 of the step's 32 samples to
+#                                             keep it under 10% of a step) against the same head frozen: same seed,
+#                                             same service settings (k chosen per step, k <= 3; K_CONTROL=fixed
+#                                             drafts k = 3 every step), default 30 steps at lr 5e-6 (the
+#                                             accuracy run's; the policy moves: KL
 #                                             to the start is reported), 4 x 8 samples, MODE=sync (or async: the
 #                                             head trains in the background); ARMS="frozen online" sets the order,
 #                                             TAG a suffix for repeated passes; then per step acceptance (and per
@@ -96,7 +98,7 @@ case "$what" in
     against_service adapt-frozen "$serve" --mode sync "${long[@]}" --drafter "$cut" --no-adapt-drafter
     against_service adapt-online "$serve" --mode sync "${long[@]}" --drafter "$cut" --adapt-drafter ;;
   adapt-eagle3)
-    steps=${2:-30} lr=${3:-1e-5} tag=${TAG:-}
+    steps=${2:-30} lr=${3:-5e-6} tag=${TAG:-}
     head=$("$py" -c 'from rollout_service.drafting.drafters import default_drafter_dir; print(default_drafter_dir("eagle3"))')
     [[ -s $head/config.json ]] || { echo "no EAGLE-3 head at $head: run rollout-service prepare-drafter --kind eagle3"; exit 1; }
     long=(--steps "$steps" --lr "$lr" --prompts 4 --eval-size 16 --eval-every 1000 --mode "${MODE:-sync}"
@@ -106,7 +108,7 @@ case "$what" in
       case $arm in
         frozen) against_service "eagle3-frozen$tag" "$serve" "${long[@]}" --no-adapt-drafter ;;
         online) against_service "eagle3-online$tag" "$serve" "${long[@]}" --adapt-drafter \
-                    --draft-every "${DRAFT_EVERY:-2}" ;;
+                    --draft-every "${DRAFT_EVERY:-1}" --head-samples "${HEAD_SAMPLES:-12}" ;;
         *) echo "unknown arm $arm (frozen, online)"; exit 2 ;;
       esac
     done
@@ -123,5 +125,5 @@ case "$what" in
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
-  *) sed -n 2,42p "$0"; exit 2 ;;
+  *) sed -n 2,44p "$0"; exit 2 ;;
 esac

@@ -87,7 +87,7 @@ class OnlineEagle3Head:
     Its own random generator: adapting draws nothing from the policy's."""
 
     def __init__(self, head_dir: str | Path, policy, *, lr: float = 1e-4, steps: int = 3, temperature: float = 1.0,
-                 batch: int = 8, epochs: int = 1, background: bool = False, seed: int = 0):
+                 batch: int = 8, epochs: int = 1, background: bool = False, seed: int = 0, max_rows: int = 0):
         from rollout_service.drafting import eagle3
 
         self.eagle3 = eagle3
@@ -95,6 +95,7 @@ class OnlineEagle3Head:
         self.head = eagle3.load_head(head_dir, policy)
         self.aux_layers = list(self.head_config(head_dir)["eagle_aux_hidden_state_layer_ids"])
         self.steps, self.temperature, self.batch, self.epochs = steps, temperature, batch, epochs
+        self.max_rows = max_rows            # samples kept per step (0: all): bounds the adaptation's cost
         self.to_draft = eagle3.draft_index(self.head)
         self.opt = torch.optim.AdamW([p for p in self.head.parameters() if p.requires_grad], lr=lr,
                                      weight_decay=0.0)
@@ -125,6 +126,8 @@ class OnlineEagle3Head:
         gen = gen_mask.long()
         firsts = gen.argmax(1).tolist()                # the first generated target's position = last prompt's
         for b in range(len(lengths)):
+            if self.max_rows and len(self.feats) >= self.max_rows:
+                break                               # the step's first rows (the trainer's passes run in random order)
             if int(gen[b].sum()) >= 2:              # row by row: views of the pass's tensors, no copies of them
                 self.feats += self.eagle3.features(
                     tuple(h[b:b + 1] for h in hidden_states), logits[b:b + 1], input_ids[b:b + 1], [lengths[b]],

@@ -82,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--drafter-lr", type=float, default=1e-4, help="the drafter's learning rate (AdamW)")
     ap.add_argument("--head-batch", type=int, default=8, help="eagle3: samples per optimiser step of the head")
     ap.add_argument("--head-epochs", type=int, default=1, help="eagle3: passes over each step's samples")
+    ap.add_argument("--head-samples", type=int, default=0,
+                    help="eagle3: samples per step the head trains on (0: all of them); fewer bound the adaptation's "
+                         "cost (about 0.3 s per sample of 64 tokens on 2 CPU cores)")
     ap.add_argument("--weight-sync", choices=["transfer", "push"], default="transfer",
                     help="how each step's policy reaches the engines: `transfer` over the service's weight-transfer "
                          "group (rollout_client.transfer.WeightSync; gloo here), `push` as a PushWeights stream")
@@ -114,7 +117,8 @@ class Trainer:
         elif drafter_dir and adapt and drafter_kind == "eagle3":
             self.head = OnlineEagle3Head(drafter_dir, self.policy, lr=args.drafter_lr, steps=draft_steps,
                                          temperature=args.temperature, batch=args.head_batch,
-                                         epochs=args.head_epochs, background=args.mode == "async", seed=args.seed)
+                                         epochs=args.head_epochs, background=args.mode == "async", seed=args.seed,
+                                         max_rows=args.head_samples)
 
     def collect_s(self) -> float:
         """Seconds the adapting EAGLE-3 head has spent copying this step's features so far."""
@@ -347,6 +351,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             bar.set_postfix(reward=f"{row['reward_mean']:.2f}", eval=f"{eval_acc:.2f}",
                             accept=_fmt(row["acceptance_rate"]))
             bar.write(step_line(row))
+            if mismatch := policy_mismatch(row):
+                bar.write(mismatch)
     finally:
         bar.close()
         metrics_file.close()
@@ -358,6 +364,19 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             trainer.head.close()
     return rows
 
+
+
+def policy_mismatch(r: dict) -> str | None:
+    """A warning when samples drawn under the policy the trainer holds (no lag) carry log-probs it disagrees with:
+    their importance weights pi_old / pi_rollout must then be 1 up to float noise. Off by more means the service
+    served other weights than the trainer pushed (a transfer that corrupted them was found this way, 2026-11-26)."""
+    if r.get("max_lag_used") or "is_weight_mean" not in r:
+        return None
+    if abs(r["is_weight_mean"] - 1.0) <= 0.02 and r["is_truncated_fraction"] <= 0.005:
+        return None
+    return (f"WARNING step {r['step']}: the served policy disagrees with the trainer's on samples without lag "
+            f"(importance weight mean {r['is_weight_mean']:.3f}, {r['is_truncated_fraction']:.1%} truncated; "
+            "expected 1.000 and 0%): the engines may serve other weights than the ones pushed")
 
 
 def _fmt(x) -> str:

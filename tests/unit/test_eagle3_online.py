@@ -91,6 +91,11 @@ def test_trainer_forward_gives_the_offline_features(policy_dir, head_dir):
         torch.testing.assert_close(a, a2, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(tp[first:], tp2[first:], atol=1e-5, rtol=1e-4)
         assert (ti[first:] == ti2[first:]).float().mean() > 0.99     # near-ties may swap places
+    capped = OnlineEagle3Head(head_dir, model, temperature=1.0, max_rows=2)    # --head-samples 2
+    few = collected(capped, model, rs)
+    assert len(rs) > 2 and len(few) == 2
+    assert all(torch.equal(a, b[0]) for (a, *_), b in zip(few, online))        # the step's first rows
+    assert capped.adapt()["head_samples"] == 2
 
 
 def test_online_step_lowers_the_loss_on_a_fixed_batch(policy_dir, head_dir):

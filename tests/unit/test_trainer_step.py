@@ -66,3 +66,17 @@ def test_a_later_minibatch_without_pi_old_is_refused(policy_dir):
     parts = t.minibatches(8)
     with pytest.raises(ValueError, match="pi_old missing"):
         t.train(packed, parts, t.recompute(packed, parts[::-1]))   # pi_old given for the wrong part
+
+
+def test_a_served_policy_other_than_the_trainers_is_reported():
+    """Samples without lag must carry the trainer's own log-probs (importance weights 1): the rows of a transfer
+    that served corrupt weights (runs of 2026-11-26) are flagged, lagged or matching ones are not."""
+    from trainer_example.train import policy_mismatch
+
+    ok = {"step": 3, "max_lag_used": 0, "is_weight_mean": 1.0, "is_truncated_fraction": 0.0}
+    assert policy_mismatch(ok) is None
+    assert policy_mismatch(ok | {"is_weight_mean": 1.007, "is_truncated_fraction": 0.002}) is None
+    bad = policy_mismatch(ok | {"is_weight_mean": 0.786, "is_truncated_fraction": 0.036})
+    assert bad and "step 3" in bad and "0.786" in bad and "3.6% truncated" in bad
+    assert policy_mismatch(ok | {"is_weight_mean": 0.7, "max_lag_used": 1}) is None     # off-policy by design
+    assert policy_mismatch({"step": 0, "max_lag_used": 0}) is None                      # nothing trained
