@@ -82,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--drafter-lr", type=float, default=1e-4, help="the drafter's learning rate (AdamW)")
     ap.add_argument("--head-batch", type=int, default=8, help="eagle3: samples per optimiser step of the head")
     ap.add_argument("--head-epochs", type=int, default=1, help="eagle3: passes over each step's samples")
+    ap.add_argument("--save-final", action="store_true",
+                    help="save the trained policy (OUT/policy) and an adapted EAGLE-3 head (OUT/eagle3-head) at the end")
     ap.add_argument("--head-samples", type=int, default=0,
                     help="eagle3: samples per step the head trains on (0: all of them); fewer bound the adaptation's "
                          "cost (about 0.3 s per sample of 64 tokens on 2 CPU cores)")
@@ -353,6 +355,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             bar.write(step_line(row))
             if mismatch := policy_mismatch(row):
                 bar.write(mismatch)
+        if args.save_final:
+            bar.write(f"saved the final policy and drafter: {save_final(trainer, policy_dir, out)}")
     finally:
         bar.close()
         metrics_file.close()
@@ -364,6 +368,22 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             trainer.head.close()
     return rows
 
+
+
+def save_final(trainer: Trainer, policy_dir: str, out: Path) -> list[str]:
+    """--save-final: the trained policy (out/policy, Hugging Face format, the tokenizer beside it) and an adapted
+    EAGLE-3 head (out/eagle3-head, the served format), for measuring the head against the policy it followed."""
+    saved = [str(out / "policy")]
+    trainer.policy.save_pretrained(out / "policy")
+    trainer.tok.save_pretrained(out / "policy")
+    if trainer.head is not None:
+        from rollout_service.drafting import eagle3
+
+        trainer.head.close()                   # wait for a background job still training
+        eagle3.save_head(trainer.head.head, policy_dir, out / "eagle3-head", trainer.head.aux_layers,
+                         {"adapted_online": True, "jobs": trainer.head.trained})
+        saved.append(str(out / "eagle3-head"))
+    return saved
 
 
 def policy_mismatch(r: dict) -> str | None:

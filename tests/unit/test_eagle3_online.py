@@ -216,3 +216,27 @@ def test_the_benchmark_report_checks_the_issues_goals():
     assert all(g["met"] for g in eagle3_adapt.goals(frozen, good).values())
     bad = eagle3_adapt.goals(frozen, eagle3_adapt.summarise(run(0.33, 10.5, 5.0), 10))
     assert not any(g["met"] for g in bad.values())
+
+
+def test_save_final_keeps_the_policy_and_the_head_it_followed(policy_dir, head_dir, tmp_path):
+    """--save-final: the trained policy and the adapted head, for measuring one against the other afterwards."""
+    import types
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer_example.train import save_final
+
+    model = policy(policy_dir)
+    adapter = OnlineEagle3Head(head_dir, model, lr=1e-2)
+    collected(adapter, model, rollouts())
+    pushed = adapter.adapt()["weights"]
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.01)                                      # "trained"
+    trainer = types.SimpleNamespace(policy=model, tok=AutoTokenizer.from_pretrained(policy_dir), head=adapter)
+    saved = save_final(trainer, str(policy_dir), tmp_path)
+    assert saved == [str(tmp_path / "policy"), str(tmp_path / "eagle3-head")]
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "policy", dtype=torch.float32)
+    assert torch.equal(back.lm_head.weight, model.lm_head.weight)
+    head = load_file(str(tmp_path / "eagle3-head" / "model.safetensors"))
+    assert all(torch.equal(head[n], t) for n, t in pushed.items())
+    assert eagle3.load_head(tmp_path / "eagle3-head", back) is not None
