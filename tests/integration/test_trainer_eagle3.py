@@ -47,6 +47,8 @@ def test_sync_steps_adapt_the_head_and_the_service_measures_each_version(eagle3_
     assert before.speculation_method == "eagle3"
     rows = run_trainer(svc, eagle3_head, tmp_path / "sync", "--mode", "sync", "--steps", "2")
     assert [r["step"] for r in rows] == [0, 1]
+    saved = tmp_path / "sync"                         # --save-final (the default): the policy and its head
+    assert (saved / "policy" / "config.json").exists() and (saved / "eagle3-head" / "model.safetensors").exists()
     for r in rows:
         assert 0 < r["head_samples"] <= r["samples"] and r["head_train_s"] > 0 and r["head_collect_s"] > 0
         assert r["adapt_s"] >= r["head_train_s"] and r["draft_push_s"] > 0
