@@ -4,7 +4,7 @@
                                           [--fixed-k draft_model:3,eagle3:2,ngram:3,suffix:3]
                                           [--no-fixed] [--concurrency 1,4,8,16,32,64] [--max-tokens 128]
                                           [--samples-per-slot 2]
-                                          [--draft-model DIR] [--eagle3-head DIR] [--json
+                                          [--draft-model DIR] [--eagle3-head DIR[,DIR...]] [--json
                                           bench/results/speculation.json]
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to --max-tokens new
@@ -164,8 +164,10 @@ async def run(args) -> list[dict]:
     from rollout_service.drafting.drafters import default_drafter_dir
 
     model = resolve_model(args.model)
-    drafters = {"draft_model": args.draft_model or str(default_drafter_dir("draft_model")),
-                "eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")), "ngram": "", "suffix": ""}
+    drafters = {"draft_model": [args.draft_model or str(default_drafter_dir("draft_model"))],
+                "eagle3": (args.eagle3_head or str(default_drafter_dir("eagle3"))).split(","), "ngram": [""],
+                "suffix": [""]}
+    runs = [(m, d) for m in args.methods.split(",") for d in drafters[m]]       # several heads: one after another
     conc = [int(x) for x in args.concurrency.split(",")]
     fixed = {m: int(k) for m, k in (p.split(":") for p in args.fixed_k.split(","))}
     n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
@@ -175,12 +177,12 @@ async def run(args) -> list[dict]:
     plain = await start(model, SpeculationConfig())
     cells = []
     try:
-        for method in args.methods.split(","):
+        for method, drafter in runs:
             k = fixed[method]
-            cost = drafter_cost(model, method, drafters[method], conc)
-            print(f"{method}: drafter {drafters[method] or '-'}; cost c by concurrency "
+            cost = drafter_cost(model, method, drafter, conc)
+            print(f"{method}: drafter {drafter or '-'}; cost c by concurrency "
                   + ", ".join(f"{c}: {v:.3f}" for c, v in cost.items()), flush=True)
-            common = dict(method=method, model=drafters[method], num_speculative_tokens=k,
+            common = dict(method=method, model=drafter, num_speculative_tokens=k,
                           prompt_lookup_min=2, prompt_lookup_max=5)
             auto = await start(model, SpeculationConfig(k_control="auto", **common))
             fix = None if args.no_fixed else await start(model, SpeculationConfig(k_control="fixed", **common))
@@ -197,7 +199,7 @@ async def run(args) -> list[dict]:
                     p = (p1["tok_s"] + p2["tok_s"]) / 2
                     for kk, r in (("auto", ra), (k, rf)) if rf else (("auto", ra),):
                         a, bound = cell_bound(r, kk, k, cost[c])
-                        cells.append({"method": method, "drafter": Path(drafters[method]).name, "k": kk,
+                        cells.append({"method": method, "drafter": Path(drafter).name, "k": kk,
                                       "concurrency": c, "plain_tok_s": round(p, 2),
                                       "spec_tok_s": round(r["tok_s"], 2), "speedup": round(r["tok_s"] / p, 3),
                                       "bound": round(bound, 3), "acceptance_rate": round(r["rate"], 3),
@@ -242,7 +244,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--draft-model")
-    ap.add_argument("--eagle3-head", help="EAGLE-3 head (default: `rollout-service prepare-drafter --kind eagle3`)")
+    ap.add_argument("--eagle3-head", help="EAGLE-3 head (default: `rollout-service prepare-drafter --kind eagle3`); "
+                                          "several, comma-separated, are measured one after another")
     ap.add_argument("--methods", default="draft_model,eagle3,ngram,suffix")
     ap.add_argument("--fixed-k", default="draft_model:3,eagle3:2,ngram:3,suffix:3",
                     help="each method's fixed k (its best in earlier runs); also the controller's k_max")
