@@ -37,7 +37,9 @@
 #                                             TAG a suffix for repeated passes; then per step acceptance (and per
 #                                             position), mean k, generation and adaptation time, the goals checked
 #                                             and plots: bench/eagle3_adapt.py into OUT=bench/results/grpo-eagle3-adapt
-#                                             (~1 min per step on 2 cores; `adapt-eagle3 2` is the smoke test)
+#                                             (~1 min per step on 2 cores; `adapt-eagle3 2` is the smoke test); the
+#                                             online arm saves its final policy and head (runs/eagle3-online/policy,
+#                                             eagle3-head) for `bench/speculation.py --model ... --eagle3-head ...`
 #   bash bench/grpo_runs.sh report [STEPS] [RUN...]
 #                                             plots and the side-by-side table into bench/results/grpo/ (the
 #                                             runs named, default the `compare` runs; the first is the baseline;
@@ -108,7 +110,7 @@ case "$what" in
       case $arm in
         frozen) against_service "eagle3-frozen$tag" "$serve" "${long[@]}" --no-adapt-drafter ;;
         online) against_service "eagle3-online$tag" "$serve" "${long[@]}" --adapt-drafter \
-                    --draft-every "${DRAFT_EVERY:-1}" --head-samples "${HEAD_SAMPLES:-12}" ;;
+                    --draft-every "${DRAFT_EVERY:-1}" --head-samples "${HEAD_SAMPLES:-12}" --save-final ;;
         *) echo "unknown arm $arm (frozen, online)"; exit 2 ;;
       esac
     done
@@ -125,5 +127,5 @@ case "$what" in
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
-  *) sed -n 2,44p "$0"; exit 2 ;;
+  *) sed -n 2,46p "$0"; exit 2 ;;
 esac
