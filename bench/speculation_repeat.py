@@ -5,6 +5,7 @@ the two plain runs around them.
 
     .venv/bin/python bench/speculation_repeat.py ngram 8,16
     .venv/bin/python bench/speculation_repeat.py suffix 32
+    AUTO_MARGIN=0.15 .venv/bin/python bench/speculation_repeat.py suffix 32    # the controller's margin, this run
 """
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ async def main():
     work = Workload(AutoTokenizer.from_pretrained(model))
     common = dict(method=method, num_speculative_tokens=3, prompt_lookup_min=2, prompt_lookup_max=5)
     plain = await start(model, SpeculationConfig())
+    margin = os.environ.pop("AUTO_MARGIN", None)         # the controller's margin for this run's auto engine only
+    if margin:
+        os.environ["ROLLOUT_K_CONTROL_MARGIN"] = margin
     auto = await start(model, SpeculationConfig(k_control="auto", **common))
+    os.environ.pop("ROLLOUT_K_CONTROL_MARGIN", None)
     zero = await start(model, SpeculationConfig(k_control="fixed", k_by_batch_size=[(1, OPEN_BATCH, 0)], **common))
     try:
         for c in concs:

@@ -40,7 +40,9 @@ class _KControlled:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)       # vLLM's Scheduler or AsyncScheduler, next in the MRO
-        self.k_controller = KController(self.num_spec_tokens)
+        # ROLLOUT_K_CONTROL_MARGIN: how much drafting must beat k = 0 by (default: KController's)
+        margin = os.environ.get("ROLLOUT_K_CONTROL_MARGIN")
+        self.k_controller = KController(self.num_spec_tokens, **({"margin": float(margin)} if margin else {}))
         # every k = 0 step with the drafter off, as if drafting lost everywhere: the losslessness check of drafts
         # made after skipped passes (tests/integration/test_speculation.py)
         self.k_controller.force_off = os.environ.get("ROLLOUT_K_CONTROL_FORCE_OFF") == "1"
