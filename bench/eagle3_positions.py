@@ -34,8 +34,9 @@ async def run(label, k_control, conc, n, env):
     todo, res = iter(range(n)), []
     async def slot():
         for j in todo:
-            res.append(await eng.generate(SeqRequest(seq_id=f"{label}-{j}-{time.monotonic_ns()}", prompt_token_ids=prompts[j // 4],
-                                                     temperature=1.0, max_tokens=128, seed=j)))
+            res.append(await eng.generate(SeqRequest(
+                seq_id=f"{label}-{j}-{time.monotonic_ns()}", prompt_token_ids=prompts[j // 4], temperature=1.0,
+                max_tokens=128, seed=j)))
     t = time.perf_counter()
     await asyncio.gather(*(slot() for _ in range(conc)))
     wall = time.perf_counter() - t
@@ -46,7 +47,8 @@ async def run(label, k_control, conc, n, env):
     toks = sum(len(r.token_ids) for r in res)
     print(f"{label:<28} conc {conc:>2}: {toks / wall:6.1f} tok/s, spec steps {steps}, accepted per position "
           f"{[p for p in per]}, per spec step {[round(p / max(1, steps), 3) for p in per]}, "
-          f"controller a_i {[round(a, 3) for a in snap['acceptance']] if snap else '-'} steps_by_k {snap['steps_by_k'] if snap else '-'}", flush=True)
+          f"controller a_i {[round(a, 3) for a in snap['acceptance']] if snap else '-'} "
+          f"steps_by_k {snap['steps_by_k'] if snap else '-'}", flush=True)
 
 async def main():
     await run("fixed k=3", "fixed", 8, 32, {})

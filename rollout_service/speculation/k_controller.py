@@ -83,6 +83,7 @@ class KController:
         self.accepted = [0.0] * (k_max + 1)    # [i]: ... and accepted it
         self.draft_version = 0
         self.steps_by_k = [0] * (k_max + 1)    # every step scheduled, by the k it drafted
+        self.bucket_steps: dict[int, list[int]] = {}     # the same per batch-size bucket
         self.decisions = 0
         self._current: dict[int, tuple[int, int, bool]] = {}   # bucket -> (k, steps left, drafter off)
         self.last_off = False                  # the last choose(): k = 0 with the drafter switched off
@@ -98,6 +99,7 @@ class KController:
             left, off = self.dwell, k == 0 and (self.force_off or self.off(b))
         self._current[b] = (k, left - 1, off)
         self.steps_by_k[k] += 1
+        self.bucket_steps.setdefault(b, [0] * (self.k_max + 1))[k] += 1
         self.last_off = off
         self.off_steps += off
         return k
@@ -212,7 +214,7 @@ class KController:
     # ---- reporting ------------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Plain data (it crosses a process boundary as msgpack): what GetStatus and /metrics show."""
-        buckets = sorted({b for b, _ in self.cells})
+        buckets = sorted({b for b, _ in self.cells} | set(self.bucket_steps))
         rows = []
         for b in buckets:
             plain, best = self.cells.get((b, 0)), self.best(b)
@@ -220,6 +222,7 @@ class KController:
             measured = plain is not None and plain.n >= self.min_obs and cell is not None and cell.n >= self.min_obs
             rows.append({
                 "batch": bucket_name(b), "chosen_k": best, "drafter_off": self.off(b),
+                "steps_by_k": list(self.bucket_steps.get(b, [0] * (self.k_max + 1))),
                 "step_ms": [round(self.cells[(b, k)].seconds * 1e3, 3) if (b, k) in self.cells else None
                             for k in range(self.k_max + 1)],
                 # L(k*) from the acceptance model, and the tokens per sequence-step the chosen cell really made

@@ -40,9 +40,12 @@ class _KControlled:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)       # vLLM's Scheduler or AsyncScheduler, next in the MRO
-        # ROLLOUT_K_CONTROL_MARGIN: how much drafting must beat k = 0 by (default: KController's)
-        margin = os.environ.get("ROLLOUT_K_CONTROL_MARGIN")
-        self.k_controller = KController(self.num_spec_tokens, **({"margin": float(margin)} if margin else {}))
+        # ROLLOUT_K_CONTROL_MARGIN: how much drafting must beat k = 0 by; ROLLOUT_K_CONTROL_GIVE_UP: below which
+        # share of k = 0's rate a k stops the measuring of deeper ones (defaults: KController's)
+        knobs = {name: float(os.environ[var]) for name, var in (("margin", "ROLLOUT_K_CONTROL_MARGIN"),
+                                                               ("give_up", "ROLLOUT_K_CONTROL_GIVE_UP"))
+                 if os.environ.get(var)}
+        self.k_controller = KController(self.num_spec_tokens, **knobs)
         # every k = 0 step with the drafter off, as if drafting lost everywhere: the losslessness check of drafts
         # made after skipped passes (tests/integration/test_speculation.py)
         self.k_controller.force_off = os.environ.get("ROLLOUT_K_CONTROL_FORCE_OFF") == "1"

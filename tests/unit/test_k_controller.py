@@ -104,6 +104,7 @@ def test_snapshot_is_plain_data():
     drive(ctl, 8, lambda k: 0.04 * (1 + 0.2 * k), 0.5, 300)
     snap = ctl.snapshot()
     assert snap["k_max"] == 2 and sum(snap["steps_by_k"]) == 300
+    assert [sum(x) for x in zip(*(r["steps_by_k"] for r in snap["buckets"]))] == snap["steps_by_k"]
     row = snap["buckets"][0]
     assert row["batch"] == "5-8" and len(row["step_ms"]) == 3 and row["step_ms"][0] > 0
     assert row["expected_speedup"] is not None and row["expected_speedup"] > 1.0
