@@ -82,8 +82,7 @@ class KController:
         self.reached = [0.0] * (k_max + 1)     # [i]: sequence-steps that reached draft position i (1-based)
         self.accepted = [0.0] * (k_max + 1)    # [i]: ... and accepted it
         self.draft_version = 0
-        self.steps_by_k = [0] * (k_max + 1)    # every step scheduled, by the k it drafted
-        self.bucket_steps: dict[int, list[int]] = {}     # the same per batch-size bucket
+        self.bucket_steps: dict[int, list[int]] = {}     # bucket -> steps scheduled there, by the k they drafted
         self.decisions = 0
         self._current: dict[int, tuple[int, int, bool]] = {}   # bucket -> (k, steps left, drafter off)
         self.last_off = False                  # the last choose(): k = 0 with the drafter switched off
@@ -98,7 +97,6 @@ class KController:
             k = self._decide(b)
             left, off = self.dwell, k == 0 and (self.force_off or self.off(b))
         self._current[b] = (k, left - 1, off)
-        self.steps_by_k[k] += 1
         self.bucket_steps.setdefault(b, [0] * (self.k_max + 1))[k] += 1
         self.last_off = off
         self.off_steps += off
@@ -212,6 +210,11 @@ class KController:
         return best
 
     # ---- reporting ------------------------------------------------------------------------------------------
+    @property
+    def steps_by_k(self) -> list[int]:
+        """Every step scheduled, by the k it drafted (all buckets)."""
+        return [sum(col) for col in zip(*self.bucket_steps.values())] or [0] * (self.k_max + 1)
+
     def snapshot(self) -> dict:
         """Plain data (it crosses a process boundary as msgpack): what GetStatus and /metrics show."""
         buckets = sorted({b for b, _ in self.cells} | set(self.bucket_steps))
@@ -229,6 +232,6 @@ class KController:
                 "expected_speedup": chosen * plain.seconds if measured and chosen else None,
                 "realized_speedup": cell.tokens / cell.seconds * plain.seconds if measured else None,
             })
-        return {"k_max": self.k_max, "draft_version": self.draft_version, "steps_by_k": list(self.steps_by_k),
+        return {"k_max": self.k_max, "draft_version": self.draft_version, "steps_by_k": self.steps_by_k,
                 "off_steps": self.off_steps,
                 "acceptance": self.acceptance(), "buckets": rows}
