@@ -81,7 +81,10 @@ async def held(eng, work: Workload, c: int, n: int, max_tokens: int, tag: str) -
     drafted = sum(r.num_drafted for r in results)
     accepted = sum(r.num_accepted for r in results)
     steps = sum(r.spec_steps for r in results)
+    per_pos = [sum(r.accepted_per_pos[i] for r in results if len(r.accepted_per_pos) > i)
+               for i in range(max((len(r.accepted_per_pos) for r in results), default=0))]
     return {"tok_s": tokens / wall, "tokens": tokens, "rate": accepted / drafted if drafted else 0.0,
+            "steps": steps, "accepted_per_pos": per_pos,
             "mal": 1 + accepted / steps if steps else 1.0, "drafts_per_step": drafted / steps if steps else 0.0}
 
 
@@ -119,13 +122,17 @@ def drafter_cost(model: str, method: str, drafter: str, concurrency: list[int], 
     return out
 
 
-async def start(model: str, spec):
+async def start(model: str, spec, env: dict | None = None):
+    """A warmed-up engine; env: variables its processes get (set around the start only, as the engines' own
+    environment is taken at start)."""
     from rollout_service.config import EngineConfig
+    from rollout_service.engine.cpu_env import extra_environment
     from rollout_service.engine.types import SeqRequest
     from rollout_service.engine.vllm_engine import VllmEngine
 
     eng = VllmEngine("bench", model, EngineConfig(max_model_len=1024, kv_cache_gb=1.5, speculation=spec))
-    await eng.start()
+    with extra_environment(env):
+        await eng.start()
     await eng.generate(SeqRequest(seq_id=f"warm-{time.monotonic_ns()}", prompt_token_ids=[1, 2, 3], max_tokens=4))
     return eng
 

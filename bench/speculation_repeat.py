@@ -29,13 +29,10 @@ async def main():
     work = Workload(AutoTokenizer.from_pretrained(model))
     common = dict(method=method, num_speculative_tokens=3, prompt_lookup_min=2, prompt_lookup_max=5)
     plain = await start(model, SpeculationConfig())
-    knobs = {var: os.environ.pop(mine) for mine, var in (("AUTO_MARGIN", "ROLLOUT_K_CONTROL_MARGIN"),
-                                                          ("AUTO_GIVE_UP", "ROLLOUT_K_CONTROL_GIVE_UP"))
+    knobs = {var: os.environ[mine] for mine, var in (("AUTO_MARGIN", "ROLLOUT_K_CONTROL_MARGIN"),
+                                                      ("AUTO_GIVE_UP", "ROLLOUT_K_CONTROL_GIVE_UP"))
              if os.environ.get(mine)}                       # the controller's settings for this run's auto engine only
-    os.environ.update(knobs)
-    auto = await start(model, SpeculationConfig(k_control="auto", **common))
-    for var in knobs:
-        os.environ.pop(var)
+    auto = await start(model, SpeculationConfig(k_control="auto", **common), env=knobs)
     zero = await start(model, SpeculationConfig(k_control="fixed", k_by_batch_size=[(1, OPEN_BATCH, 0)], **common))
     try:
         for c in concs:
@@ -50,9 +47,9 @@ async def main():
                 s1 = await auto.k_control_snapshot()
                 p2 = (await held(plain, work, c, n, 128, "plain"))["tok_s"]
                 p = (res["plain"] + p2) / 2
+                before = {r["batch"]: r["steps_by_k"] for r in s0["buckets"]}
                 per_bucket = {r["batch"]: [x - y for x, y in zip(r["steps_by_k"], before.get(r["batch"], [0] * 9))]
-                              for r in s1["buckets"]
-                              for before in [{q["batch"]: q.get("steps_by_k", []) for q in s0["buckets"]}]}
+                              for r in s1["buckets"]}
                 print(f"round {rnd} conc {c}: plain {res['plain']:.1f}/{p2:.1f}, auto {res['auto'] / p:.3f}, "
                       f"k=0 always {res['zero'] / p:.3f}; auto steps by k {steps_share(s0, s1)}, "
                       f"off {off_share(s0, s1)}; "

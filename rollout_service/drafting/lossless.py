@@ -10,7 +10,6 @@ weights under the same processed distribution (temperature, top-k, top-p).
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -152,33 +151,28 @@ async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], t
     """For each set, (prompt index, SeqResult) for every sample, all from one fresh engine in the same batches;
     and the engine's k controller snapshot (None unless k_control is auto). update_draft: a drafter committed once
     UPDATE_AFTER of the samples finished, the rest in flight (each sample says which drafter version it ended with)."""
+    from rollout_service.engine.cpu_env import extra_environment
     from rollout_service.engine.vllm_engine import VllmEngine
 
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    engine = VllmEngine(tag, model, engine_cfg)
-    try:
-        await engine.start()
-        seqs = [(i, p, SeqRequest(seq_id=f"{tag}-{i}-{p}-{s}", prompt_token_ids=ids, temperature=ss.temperature,
-                                  top_k=ss.top_k, top_p=ss.top_p, max_tokens=ss.max_tokens, ignore_eos=True))
-                for i, ss in enumerate(sets) for p, ids in enumerate(ss.prompts) for s in range(ss.n)]
-        tasks = [asyncio.create_task(engine.generate(q)) for _, _, q in seqs]
-        if update_draft:
-            pending, finished = set(tasks), 0
-            while finished < UPDATE_AFTER * len(tasks):
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                finished += len(done)
-            await _update_drafter(engine, update_draft)
-        results = await asyncio.gather(*tasks)
-        by_set = [[(p, r) for (j, p, _), r in zip(seqs, results) if j == i] for i in range(len(sets))]
-        return by_set, await engine.k_control_snapshot()
-    finally:
-        await engine.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with extra_environment(env):
+        engine = VllmEngine(tag, model, engine_cfg)
+        try:
+            await engine.start()
+            seqs = [(i, p, SeqRequest(seq_id=f"{tag}-{i}-{p}-{s}", prompt_token_ids=ids, temperature=ss.temperature,
+                                      top_k=ss.top_k, top_p=ss.top_p, max_tokens=ss.max_tokens, ignore_eos=True))
+                    for i, ss in enumerate(sets) for p, ids in enumerate(ss.prompts) for s in range(ss.n)]
+            tasks = [asyncio.create_task(engine.generate(q)) for _, _, q in seqs]
+            if update_draft:
+                pending, finished = set(tasks), 0
+                while finished < UPDATE_AFTER * len(tasks):
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    finished += len(done)
+                await _update_drafter(engine, update_draft)
+            results = await asyncio.gather(*tasks)
+            by_set = [[(p, r) for (j, p, _), r in zip(seqs, results) if j == i] for i in range(len(sets))]
+            return by_set, await engine.k_control_snapshot()
+        finally:
+            await engine.shutdown()
 
 
 # float32: the distribution test holds in any dtype (both sides share it), but the log-prob comparison with

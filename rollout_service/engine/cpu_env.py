@@ -2,6 +2,7 @@
 means there. Imported by the engine; nothing here starts one."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -68,3 +69,19 @@ def resolve_dtype(dtype: str) -> str:
     import torch
 
     return "auto" if torch.cpu._is_avx512_bf16_supported() else "float32"
+
+
+@contextlib.contextmanager
+def extra_environment(env: dict | None):
+    """`env` set in this process's environment for the block, the previous values restored after it: an engine
+    started inside takes them into its processes (they carry the environment as of their start)."""
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
