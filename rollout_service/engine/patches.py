@@ -106,8 +106,8 @@ PATCHES: tuple[Patch, ...] = (
           ("0.32.0",), ("cpu",), ("v1", "v2"), _module_install("speculation.cpu_noise"), "ROLLOUT_DISABLE_CPU_NOISE"),
     Patch("k0_fastpath", "speculation/k0_fastpath.py",
           "a step that drafts nothing still builds speculative metadata, runs the n-gram search and the EAGLE-3 "
-          "head's pass and samples through the rejection sampler (GPUModelRunner._prepare_inputs decides per "
-          "engine, not per step)",
+          "head's pass (and the draft model's, where the k controller switched the drafter off) and samples through "
+          "the rejection sampler (GPUModelRunner._prepare_inputs decides per engine, not per step)",
           "k = 0 chosen per step (the k controller, k_by_batch_size)",
           "k = 0 costs a drafter pass and a rejection-sampler step on this runner: the k controller measures that "
           "cost and chooses k by it",
