@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from speculation import held, start  # bench/speculation.py
+from speculation import Draw, Workload, held, start  # bench/speculation.py
 
 
 async def run(args) -> None:
@@ -33,14 +33,14 @@ async def run(args) -> None:
 
     from rollout_service.cli import resolve_model
     from rollout_service.config import OPEN_BATCH, SpeculationConfig
-    from rollout_service.drafting.drafters import default_drafter_dir, task_prompts
+    from rollout_service.drafting.drafters import default_drafter_dir
 
     model = resolve_model(args.model)
     drafters = {"draft_model": args.draft_model or str(default_drafter_dir("draft_model")),
                 "eagle3": args.eagle3_head or str(default_drafter_dir("eagle3")), "ngram": ""}
     conc = [int(x) for x in args.concurrency.split(",")]
     n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
-    prompts = task_prompts(AutoTokenizer.from_pretrained(model), (max(n_of.values()) + 3) // 4, start=50_000)
+    work = Workload(AutoTokenizer.from_pretrained(model))
     plain = await start(model, SpeculationConfig())
     rows = []
     try:
@@ -52,6 +52,7 @@ async def run(args) -> None:
             try:
                 for c in conc:
                     for r in range(args.rounds):
+                        prompts = Draw(work, n_of[c])            # one draw for the round's engines
                         p = await held(plain, prompts, c, n_of[c], args.max_tokens, "plain")
                         s = await held(eng, prompts, c, n_of[c], args.max_tokens, f"{method} k=0")
                         a = await held(auto, prompts, c, n_of[c], args.max_tokens, f"{method} auto") if auto else None

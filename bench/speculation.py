@@ -3,22 +3,27 @@
     .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram,suffix]
                                           [--fixed-k draft_model:3,eagle3:2,ngram:3,suffix:3]
                                           [--no-fixed] [--concurrency 1,4,8,16,32,64] [--max-tokens 128]
-                                          [--samples-per-slot 2]
+                                          [--samples-per-slot 2] [--min-samples 16] [--rounds 2]
                                           [--draft-model DIR] [--eagle3-head DIR[,DIR...]] [--json
                                           bench/results/speculation.json]
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to --max-tokens new
 tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one is
-replaced by the next sample) until max(8, C * --samples-per-slot) samples finished. Every measurement (each engine,
-each concurrency) takes fresh prompts and seeds from one stream, as a trainer's next batch would: a drafter that
-remembers earlier outputs (suffix decoding) must not draft a sample it has already seen with the same seed.
+replaced by the next sample) until max(--min-samples, C * --samples-per-slot) samples finished. Every draw takes
+fresh prompts and seeds from one stream, as a trainer's next batch would, and each engine serves a draw once: a
+drafter that remembers earlier outputs (suffix decoding) must not draft a sample it has already seen with the same
+seed.
 
 This machine drifts up to 3x within a day, so engines are not measured one after the other: one plain engine
 stays up for the whole run and, per method, two speculative engines beside it: k chosen by the controller
-(engine.speculation.k_control = "auto", speculation/k_controller.py) and the method's best fixed k. For each
-concurrency the cell is measured plain, auto, fixed, plain (the plain rate is the mean of the two bracketing
-runs) and the ratios are taken within that minute. The auto engine first runs a short warm-up at every
-concurrency (its controller learns step times and acceptance, as it does in the first minutes of serving).
+(engine.speculation.k_control = "auto", speculation/k_controller.py) and the method's best fixed k (--no-fixed:
+the controller only). A cell is --rounds draws; each draw is served by the plain engine and the speculative ones
+in turn (plain, auto, fixed; then fixed, auto, plain for the next draw), so the engines are compared on the same
+prompts and seeds (two plain runs on different draws differed by up to 24% at 4-8 sequences in one run, the
+samples' lengths being set by natural EOS) and within the same minutes. A cell's rate is
+all its tokens over all its wall time; the speedup per draw is kept too (`speedup_by_round`), and `plain_spread`
+is how far the plain engine's draws differ. The auto engine first runs a short warm-up at every concurrency (its
+controller learns step times and acceptance, as it does in the first minutes of serving).
 
 Per cell: speedup = spec tok/s / plain tok/s; vLLM's acceptance (accepted / drafted) and mean acceptance
 length L over the drafting steps; the per-token acceptance a solved from L (speculation/speedup.py); the
@@ -41,6 +46,11 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+# vLLM's engine core spins on its message queue for 1 s after each read (shm_broadcast.SpinCondition, busy_loop_s):
+# an engine measured right after another would share the 2 cores with that spin
+SETTLE_S = 1.5
+
+
 class Workload:
     """The stream of task prompts and seeds: each measurement takes the next ones."""
 
@@ -56,7 +66,20 @@ class Workload:
         return task_prompts(self.tokenizer, groups, start=50_000 + first), 1000 + 4 * first
 
 
-async def held(eng, work: Workload, c: int, n: int, max_tokens: int, tag: str) -> dict:
+class Draw:
+    """One draw of n samples' prompts and seeds, served by several engines in turn (a paired comparison: each engine
+    sees the draw once, so suffix decoding still never drafts from a sample it has seen)."""
+
+    def __init__(self, work: Workload, n: int):
+        self.n, self.drawn = n, work.take(n)
+
+    def take(self, n: int) -> tuple[list[list[int]], int]:
+        if n != self.n:
+            raise ValueError(f"this draw holds {self.n} samples, not {n}")
+        return self.drawn
+
+
+async def held(eng, work: Workload | Draw, c: int, n: int, max_tokens: int, tag: str) -> dict:
     """`n` samples with `c` in flight at all times (until fewer than c are left): throughput and speculation counts."""
     from tqdm import tqdm
 
@@ -77,15 +100,24 @@ async def held(eng, work: Workload, c: int, n: int, max_tokens: int, tag: str) -
     await asyncio.gather(*(slot() for _ in range(c)))
     wall = time.perf_counter() - t
     bar.close()
-    tokens = sum(len(r.token_ids) for r in results)
-    drafted = sum(r.num_drafted for r in results)
-    accepted = sum(r.num_accepted for r in results)
-    steps = sum(r.spec_steps for r in results)
     per_pos = [sum(r.accepted_per_pos[i] for r in results if len(r.accepted_per_pos) > i)
                for i in range(max((len(r.accepted_per_pos) for r in results), default=0))]
-    return {"tok_s": tokens / wall, "tokens": tokens, "rate": accepted / drafted if drafted else 0.0,
-            "steps": steps, "accepted_per_pos": per_pos,
+    return summary(sum(len(r.token_ids) for r in results), wall, sum(r.num_accepted for r in results),
+                   sum(r.num_drafted for r in results), sum(r.spec_steps for r in results), per_pos)
+
+
+def summary(tokens: int, wall: float, accepted: int, drafted: int, steps: int, per_pos: list[int]) -> dict:
+    return {"tok_s": tokens / wall, "tokens": tokens, "wall": wall, "accepted": accepted, "drafted": drafted,
+            "rate": accepted / drafted if drafted else 0.0, "steps": steps, "accepted_per_pos": per_pos,
             "mal": 1 + accepted / steps if steps else 1.0, "drafts_per_step": drafted / steps if steps else 0.0}
+
+
+def pooled(runs: list[dict]) -> dict:
+    """Several held() measurements of one engine as one: all their tokens over all their wall time."""
+    per_pos = [sum(r["accepted_per_pos"][i] for r in runs if len(r["accepted_per_pos"]) > i)
+               for i in range(max(len(r["accepted_per_pos"]) for r in runs))]
+    return summary(*(sum(r[key] for r in runs) for key in ("tokens", "wall", "accepted", "drafted", "steps")),
+                   per_pos)
 
 
 def drafter_cost(model: str, method: str, drafter: str, concurrency: list[int], ctx: int = 32, reps: int = 3) -> dict:
@@ -177,7 +209,7 @@ async def run(args) -> list[dict]:
     runs = [(m, d) for m in args.methods.split(",") for d in drafters[m]]       # several heads: one after another
     conc = [int(x) for x in args.concurrency.split(",")]
     fixed = {m: int(k) for m, k in (p.split(":") for p in args.fixed_k.split(","))}
-    n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
+    n_of = {c: max(args.min_samples, c * args.samples_per_slot) for c in conc}
     work = Workload(AutoTokenizer.from_pretrained(model))
     date = datetime.date.today().isoformat()
     print(f"target {model}; concurrency {conc}; max_tokens {args.max_tokens}; temperature 1.0; {date}", flush=True)
@@ -198,27 +230,38 @@ async def run(args) -> list[dict]:
                     await held(auto, work, c, c, min(64, args.max_tokens), "warm-up")
                 for c in conc:
                     snap0 = await auto.k_control_snapshot()
-                    p1 = await held(plain, work, c, n_of[c], args.max_tokens, "plain")
-                    ra = await held(auto, work, c, n_of[c], args.max_tokens, f"{method} auto")
+                    runs = {"plain": [], "auto": [], k: []}
+                    for rnd in range(args.rounds):          # plain and speculative on one draw; the order alternates
+                        draw = Draw(work, n_of[c])
+                        order = [("plain", plain), ("auto", auto)] + ([(k, fix)] if fix else [])
+                        for name, eng in order[::-1] if rnd % 2 else order:
+                            tag = "plain" if name == "plain" else f"{method} k={name}"
+                            await asyncio.sleep(SETTLE_S)
+                            runs[name].append(await held(eng, draw, c, n_of[c], args.max_tokens, tag))
                     snap1 = await auto.k_control_snapshot()
-                    rf = fix and await held(fix, work, c, n_of[c], args.max_tokens, f"{method} k={k}")
-                    p2 = await held(plain, work, c, n_of[c], args.max_tokens, "plain")
-                    p = (p1["tok_s"] + p2["tok_s"]) / 2
-                    for kk, r in (("auto", ra), (k, rf)) if rf else (("auto", ra),):
+                    plain_rates = [r["tok_s"] for r in runs["plain"]]
+                    p = pooled(runs["plain"])["tok_s"]
+                    for kk in ("auto", k) if fix else ("auto",):
+                        r = pooled(runs[kk])
                         a, bound = cell_bound(r, kk, k, cost[c])
                         cells.append({"method": method, "drafter": Path(drafter).name, "k": kk,
                                       "concurrency": c, "plain_tok_s": round(p, 2),
                                       "spec_tok_s": round(r["tok_s"], 2), "speedup": round(r["tok_s"] / p, 3),
+                                      "speedup_by_round": [round(x["tok_s"] / y["tok_s"], 3)
+                                                           for x, y in zip(runs[kk], runs["plain"])],
+                                      "samples": n_of[c] * args.rounds,
                                       "bound": round(bound, 3), "acceptance_rate": round(r["rate"], 3),
                                       "mean_acceptance_length": round(r["mal"], 3), "per_token_acceptance": round(a, 3),
                                       "drafts_per_drafting_step": round(r["drafts_per_step"], 2),
                                       "drafter_cost": round(cost[c], 3),
-                                      "plain_spread": round(abs(p1["tok_s"] - p2["tok_s"]) / p, 3),
+                                      "plain_spread": round((max(plain_rates) - min(plain_rates)) / p, 3),
                                       "k_share": steps_share(snap0, snap1) if kk == "auto" else [],
                                       "drafter_off_share": off_share(snap0, snap1) if kk == "auto" else None,
                                       "date": date})
                         print(f"  {method:<11} k={kk!s:<4} conc {c:>2}: plain {p:7.1f} tok/s, spec {r['tok_s']:7.1f} "
-                              f"tok/s, speedup {r['tok_s'] / p:5.2f} (bound {bound:4.2f}), L {r['mal']:.2f}",
+                              f"tok/s, speedup {r['tok_s'] / p:5.2f} (by round "
+                              f"{' '.join(str(x) for x in cells[-1]['speedup_by_round'])}; bound {bound:4.2f}), "
+                              f"L {r['mal']:.2f}",
                               flush=True)
                 print(f"  {method} controller: {await auto.k_control_snapshot()}", flush=True)
                 if args.json:                     # a run stopped later keeps the methods it finished
@@ -235,16 +278,17 @@ async def run(args) -> list[dict]:
 def print_table(cells: list[dict]) -> None:
     print("\nmethod          k  conc  plain tok/s  spec tok/s  speedup  bound  speedup/bound  accepted/drafted"
           "  mean acc len"
-          "  per-token a  cost c  plain spread  steps by k (drafter off)")
+          "  per-token a  cost c  plain spread  by round     steps by k (drafter off)")
     for x in cells:
         share = " ".join(f"{v:.2f}" for v in x["k_share"]) or "-"
+        rounds = " ".join(f"{v:.2f}" for v in x.get("speedup_by_round", []))
         if x.get("drafter_off_share") is not None:
             share += f" ({x['drafter_off_share']:.2f})"
         print(f"{x['method']:<12} {x['k']!s:>4} {x['concurrency']:>5} {x['plain_tok_s']:>12.1f} "
               f"{x['spec_tok_s']:>11.1f} {x['speedup']:>8.2f} {x['bound']:>6.2f} "
               f"{x['speedup'] / x['bound']:>14.2f} {x['acceptance_rate']:>17.3f}"
               f" {x['mean_acceptance_length']:>13.2f} {x['per_token_acceptance']:>12.3f} {x['drafter_cost']:>7.2f}"
-              f" {x['plain_spread']:>13.2f}  {share}")
+              f" {x['plain_spread']:>13.2f}  {rounds:<11}  {share}")
 
 
 def main() -> None:
@@ -261,7 +305,10 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,8,16,32,64")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--samples-per-slot", type=int, default=2,
-                    help="samples measured per concurrent sequence (>= 8 in all)")
+                    help="samples per measurement per concurrent sequence")
+    ap.add_argument("--min-samples", type=int, default=16, help="samples per measurement at least (low concurrency)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="draws per cell, each served by plain and speculative engines in turn (order alternating)")
     ap.add_argument("--json", default="bench/results/speculation.json", help="where the cells go ('' for nowhere)")
     args = ap.parse_args()
     cells = asyncio.run(run(args))

@@ -6,7 +6,8 @@ the two plain runs around them.
     .venv/bin/python bench/speculation_repeat.py ngram 8,16
     .venv/bin/python bench/speculation_repeat.py suffix 32
     AUTO_MARGIN=0.15 .venv/bin/python bench/speculation_repeat.py suffix 32    # the controller's margin, this run
-    AUTO_GIVE_UP=0.9 .venv/bin/python bench/speculation_repeat.py suffix 32    # and its give-up share
+    AUTO_DEEPEN=0.8 .venv/bin/python bench/speculation_repeat.py suffix 32     # and the share of k = 0's rate
+                                                                  # a k must reach for a deeper one to be measured
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ async def main():
     common = dict(method=method, num_speculative_tokens=3, prompt_lookup_min=2, prompt_lookup_max=5)
     plain = await start(model, SpeculationConfig())
     knobs = {var: os.environ[mine] for mine, var in (("AUTO_MARGIN", "ROLLOUT_K_CONTROL_MARGIN"),
-                                                      ("AUTO_GIVE_UP", "ROLLOUT_K_CONTROL_GIVE_UP"))
+                                                      ("AUTO_DEEPEN", "ROLLOUT_K_CONTROL_DEEPEN"))
              if os.environ.get(mine)}                       # the controller's settings for this run's auto engine only
     auto = await start(model, SpeculationConfig(k_control="auto", **common), env=knobs)
     zero = await start(model, SpeculationConfig(k_control="fixed", k_by_batch_size=[(1, OPEN_BATCH, 0)], **common))

@@ -16,14 +16,15 @@ argmax_k L(k) / T(b, k): k = 0 (no drafting, L = 1) wherever verifying costs mor
 is the safe choice, so drafting must beat it by `margin`. A decision holds for `dwell` steps of the same bucket.
 
 Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
-- a bucket's cells are measured in the order k = 0, 1, 2, ...; once a k is clearly worse than k = 0 (below
-  `give_up` of its rate), larger ks (which cost more still) are not tried, nor are they before the acceptance is
-  known (a k > 1 step where verifying is dear costs 2-3 plain steps, and n-gram's acceptance is often too low to
-  pay for any of them);
+- a bucket's cells are measured in the order k = 0, 1, 2, ...; a deeper k is measured only while the one before
+  reaches `deepen` of k = 0's rate, nor before the acceptance is known (a k > 1 step where verifying is dear costs
+  2-3 plain steps, and n-gram's acceptance is often too low to pay for any of them; with 0.7, suffix decoding
+  measured k = 2 and 3 at break-even batch sizes that a drain visits for a few dozen steps, and lost 7-12% at
+  32 sequences where its k = 0 steps were at parity);
 - while drafting, k = 0 is re-measured every `refresh_every` decisions of that bucket, so the comparison is made
   against a reference of the same hour, not of the morning;
 - a neighbour of the best k is re-tried every `explore_every` decisions, eight times less often when it looked
-  clearly worse;
+  clearly worse (below `give_up` of the best k's rate);
 - a cell starts from the median of its first `min_obs` steps (an engine's first steps, a warm-up or a stall, are
   often 10x slow: taken as the start of an average that moves 10% per step, one such step made k = 0 look 14x
   dearer than it was at one sequence for the rest of a run), and after that one step's time moves it by at most
@@ -69,13 +70,14 @@ class Cell:
 
 class KController:
     def __init__(self, k_max: int, *, dwell: int = 8, min_obs: int = 6, explore_every: int = 40,
-                 refresh_every: int = 12, margin: float = 0.04, give_up: float = 0.7, alpha: float = 0.1,
+                 refresh_every: int = 12, margin: float = 0.04, give_up: float = 0.7, deepen: float = 0.9,
+                 alpha: float = 0.1,
                  window: float = 4000.0, min_sequences: int = 32, seed: int = 0):
         if k_max < 1:
             raise ValueError("k_max must be >= 1")
         self.k_max, self.dwell, self.min_obs, self.explore_every = k_max, dwell, min_obs, explore_every
         self.alpha, self.window, self.min_sequences = alpha, window, min_sequences
-        self.refresh_every, self.margin, self.give_up = refresh_every, margin, give_up
+        self.refresh_every, self.margin, self.give_up, self.deepen = refresh_every, margin, give_up, deepen
         self._since_zero: dict[int, int] = {}            # bucket -> decisions since it last ran k = 0
         self.rng = random.Random(seed)
         self.cells: dict[tuple[int, int], Cell] = {}
@@ -170,13 +172,13 @@ class KController:
         return k
 
     def _pick(self, b: int) -> int:
-        for k in range(self.k_max + 1):                  # measure k = 0, 1, ... until one is clearly worse
+        for k in range(self.k_max + 1):                  # measure k = 0, 1, ... while the last one nearly pays
             cell = self.cells.get((b, k))
             if cell is None or cell.n < self.min_obs:
                 return k
             ratio = self._ratio(b, k)
-            if k and (ratio is None or ratio < self.give_up):
-                break                                    # clearly worse, or not comparable until acceptance is known
+            if k and (ratio is None or ratio < self.deepen):
+                break                                    # worse, or not comparable until acceptance is known
         if not self.acceptance_known():                  # draft with the cheapest k > 0 until acceptance is known
             return min(range(1, self.k_max + 1),
                        key=lambda k: self.cells[(b, k)].seconds if (b, k) in self.cells else float("inf"))

@@ -40,10 +40,10 @@ class _KControlled:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)       # vLLM's Scheduler or AsyncScheduler, next in the MRO
-        # ROLLOUT_K_CONTROL_MARGIN: how much drafting must beat k = 0 by; ROLLOUT_K_CONTROL_GIVE_UP: below which
-        # share of k = 0's rate a k stops the measuring of deeper ones (defaults: KController's)
+        # ROLLOUT_K_CONTROL_MARGIN: how much drafting must beat k = 0 by; ROLLOUT_K_CONTROL_DEEPEN: the share of
+        # k = 0's rate a k must reach for the next deeper one to be measured (defaults: KController's)
         knobs = {name: float(os.environ[var]) for name, var in (("margin", "ROLLOUT_K_CONTROL_MARGIN"),
-                                                               ("give_up", "ROLLOUT_K_CONTROL_GIVE_UP"))
+                                                               ("deepen", "ROLLOUT_K_CONTROL_DEEPEN"))
                  if os.environ.get(var)}
         self.k_controller = KController(self.num_spec_tokens, **knobs)
         # every k = 0 step with the drafter off, as if drafting lost everywhere: the losslessness check of drafts
