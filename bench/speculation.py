@@ -100,10 +100,14 @@ async def held(eng, work: Workload | Draw, c: int, n: int, max_tokens: int, tag:
     await asyncio.gather(*(slot() for _ in range(c)))
     wall = time.perf_counter() - t
     bar.close()
-    per_pos = [sum(r.accepted_per_pos[i] for r in results if len(r.accepted_per_pos) > i)
-               for i in range(max((len(r.accepted_per_pos) for r in results), default=0))]
     return summary(sum(len(r.token_ids) for r in results), wall, sum(r.num_accepted for r in results),
-                   sum(r.num_drafted for r in results), sum(r.spec_steps for r in results), per_pos)
+                   sum(r.num_drafted for r in results), sum(r.spec_steps for r in results),
+                   position_sums([r.accepted_per_pos for r in results]))
+
+
+def position_sums(lists: list[list[int]]) -> list[int]:
+    """Accepted drafts per draft position, summed over samples or measurements (lists of any lengths)."""
+    return [sum(x[i] for x in lists if len(x) > i) for i in range(max(map(len, lists), default=0))]
 
 
 def summary(tokens: int, wall: float, accepted: int, drafted: int, steps: int, per_pos: list[int]) -> dict:
@@ -114,10 +118,8 @@ def summary(tokens: int, wall: float, accepted: int, drafted: int, steps: int, p
 
 def pooled(runs: list[dict]) -> dict:
     """Several held() measurements of one engine as one: all their tokens over all their wall time."""
-    per_pos = [sum(r["accepted_per_pos"][i] for r in runs if len(r["accepted_per_pos"]) > i)
-               for i in range(max(len(r["accepted_per_pos"]) for r in runs))]
     return summary(*(sum(r[key] for r in runs) for key in ("tokens", "wall", "accepted", "drafted", "steps")),
-                   per_pos)
+                   position_sums([r["accepted_per_pos"] for r in runs]))
 
 
 def drafter_cost(model: str, method: str, drafter: str, concurrency: list[int], ctx: int = 32, reps: int = 3) -> dict:
