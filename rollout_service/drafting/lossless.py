@@ -46,6 +46,7 @@ class LosslessReport:
     notes: list[str] = field(default_factory=list)
     k_steps: list[int] = field(default_factory=list)   # k_control auto: the speculative engine's steps by k drafted
     drafter_off_steps: int = 0        # k_control auto: of its k = 0 steps, those with the drafter switched off
+    k_trace: list = field(default_factory=list)   # k_control auto: its last steps (VllmEngine.k_control_steps)
     engine_failed: str = ""                            # the speculative engine crashed: nothing was compared
     power: "LosslessReport | None" = None              # check_lossless(power_temperature=...): the mismatched side
 
@@ -170,7 +171,10 @@ async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], t
                 await _update_drafter(engine, update_draft)
             results = await asyncio.gather(*tasks)
             by_set = [[(p, r) for (j, p, _), r in zip(seqs, results) if j == i] for i in range(len(sets))]
-            return by_set, await engine.k_control_snapshot()
+            snapshot = await engine.k_control_snapshot()
+            if snapshot is not None:
+                snapshot["trace"] = await engine.k_control_steps()
+            return by_set, snapshot
         finally:
             await engine.shutdown()
 
@@ -226,6 +230,7 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
     report = _compare(spec_out[0], temperature, **compare)
     report.k_steps = list(k_snapshot["steps_by_k"]) if k_snapshot else []
     report.drafter_off_steps = k_snapshot.get("off_steps", 0) if k_snapshot else 0
+    report.k_trace = k_snapshot.get("trace") or [] if k_snapshot else []
     if update_draft:
         after = [r for _, r in spec_out[0] if r.draft_version > 0]
         report.notes.append(f"drafter updated mid-run (keep mode) from {update_draft}: {len(after)} of "

@@ -293,6 +293,11 @@ class VllmEngine(Engine):
     async def k_control_snapshot(self) -> dict | None:
         return await self._spec_control("snapshot")
 
+    async def k_control_steps(self) -> list[list] | None:
+        """The controlled scheduler's last steps: [finished at (time.perf_counter, the same clock here), batch, k,
+        drafter off, seconds, steady] (None without the controller)."""
+        return await self._spec_control("steps")
+
     async def shutdown(self) -> None:
         if self.llm is not None:
             self.llm.shutdown()

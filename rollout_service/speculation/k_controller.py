@@ -24,7 +24,9 @@ Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
 - while drafting, k = 0 is re-measured every `refresh_every` decisions of that bucket, so the comparison is made
   against a reference of the same hour, not of the morning;
 - a neighbour of the best k is re-tried every `explore_every` decisions, eight times less often when it looked
-  clearly worse (below `give_up` of the best k's rate);
+  clearly worse (below `give_up` of the best k's rate; where k = 0 is the best, below `deepen`: a draft model at
+  4 sequences, k = 1 at 0.74-0.81 of k = 0, spent 2-3% of its steps re-trying k = 1 at 1.5x a step's time and
+  lost 3-4% to plain where the same engine without re-tries lost 1%);
 - a cell starts from the median of its first `min_obs` steps (an engine's first steps, a warm-up or a stall, are
   often 10x slow: taken as the start of an average that moves 10% per step, one such step made k = 0 look 14x
   dearer than it was at one sequence for the rest of a run), and after that one step's time moves it by at most
@@ -35,8 +37,8 @@ Where drafting loses (the acceptance measured, k = 0 and k = 1 measured in a buc
 controller switches the drafter off for that bucket: its k = 0 decisions say so (`last_off`), the scheduler marks
 the step, and the worker then runs nothing of the drafter, not even the draft model's pass that keeps its KV cache
 in step with the target's (speculation/k0_fastpath.py). k = 0 chosen to measure or to refresh the reference while
-drafting pays keeps that pass. An off bucket still re-tries k = 1 as exploration does (eight times less often where
-it looked clearly worse), so it turns back on when drafting starts to pay; a draft model's drafts there are made
+drafting pays keeps that pass. An off bucket still re-tries k = 1 as exploration does (eight times less often unless
+it nearly paid), so it turns back on when drafting starts to pay; a draft model's drafts there are made
 from a KV cache with gaps, which the acceptance it then measures includes.
 """
 from __future__ import annotations
@@ -46,6 +48,28 @@ import statistics
 from dataclasses import dataclass, field
 
 DRAFTER_OFF = "rollout_drafter_off"     # SchedulerOutput attribute: k = 0 with the drafter switched off (k0_fastpath)
+
+
+# The controller's settings for benchmarks and debugging, from the engine's environment (defaults: KController's):
+# how much drafting must beat k = 0 by; the share of k = 0's rate a k must reach for the next deeper one to be
+# measured; every how many decisions a neighbour of the best k is re-tried
+KNOBS = {"margin": ("ROLLOUT_K_CONTROL_MARGIN", float, 0), "deepen": ("ROLLOUT_K_CONTROL_DEEPEN", float, 0),
+         "explore_every": ("ROLLOUT_K_CONTROL_EXPLORE_EVERY", int, 1)}
+
+
+def knobs_from_environment(environ) -> dict:
+    """KController's keyword arguments set in `environ` (an engine's environment); ValueError names a bad one."""
+    knobs = {}
+    for name, (var, cast, least) in KNOBS.items():
+        raw = environ.get(var)
+        if raw:
+            try:
+                knobs[name] = cast(raw)
+            except ValueError:
+                raise ValueError(f"{var}={raw!r}: not a{'n' if cast is int else ''} {cast.__name__}") from None
+            if knobs[name] < least:
+                raise ValueError(f"{var}={raw!r}: must be >= {least}")
+    return knobs
 
 
 def bucket_of(batch: int) -> int:
@@ -188,7 +212,9 @@ class KController:
         if self.decisions % self.explore_every == 0:
             k = self.rng.choice([k for k in (best - 1, best + 1) if 0 <= k <= self.k_max])
             ratio = self._ratio(b, k, against=best)
-            if ratio is None or ratio >= self.give_up or self.decisions % (8 * self.explore_every) == 0:
+            # where nothing drafts, a re-try is pure cost until drafting pays: it must nearly pay to come often
+            worse = self.deepen if best == 0 else self.give_up
+            if ratio is None or ratio >= worse or self.decisions % (8 * self.explore_every) == 0:
                 return k
         return best
 

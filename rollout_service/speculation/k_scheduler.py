@@ -11,10 +11,12 @@ drafter's pass (speculation/k0_fastpath.py). Step times and acceptance are read 
 scheduler vLLM chose (the asynchronous one where async scheduling is on).
 
 The front end reaches the controller through an EngineCore utility, `rollout_spec_control(command, arg)`:
-"snapshot" returns KController.snapshot(); "drafter" n tells it the drafter changed to version n.
+"snapshot" returns KController.snapshot(); "drafter" n tells it the drafter changed to version n; "steps" returns
+the last steps scheduled (time, batch, k, drafter off, seconds), for benchmarks and debugging.
 """
 from __future__ import annotations
 
+import collections
 import os
 import time
 
@@ -22,7 +24,10 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 
-from rollout_service.speculation.k_controller import DRAFTER_OFF, KController
+from rollout_service.speculation.k_controller import DRAFTER_OFF, KController, knobs_from_environment
+
+
+TRACE_STEPS = 4096        # the recent steps kept for `rollout_spec_control("steps")` (a benchmark's, a debugger's)
 
 
 class _Lookup:
@@ -40,12 +45,7 @@ class _KControlled:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)       # vLLM's Scheduler or AsyncScheduler, next in the MRO
-        # ROLLOUT_K_CONTROL_MARGIN: how much drafting must beat k = 0 by; ROLLOUT_K_CONTROL_DEEPEN: the share of
-        # k = 0's rate a k must reach for the next deeper one to be measured (defaults: KController's)
-        knobs = {name: float(os.environ[var]) for name, var in (("margin", "ROLLOUT_K_CONTROL_MARGIN"),
-                                                               ("deepen", "ROLLOUT_K_CONTROL_DEEPEN"))
-                 if os.environ.get(var)}
-        self.k_controller = KController(self.num_spec_tokens, **knobs)
+        self.k_controller = KController(self.num_spec_tokens, **knobs_from_environment(os.environ))
         # every k = 0 step with the drafter off, as if drafting lost everywhere: the losslessness check of drafts
         # made after skipped passes (tests/integration/test_speculation.py)
         self.k_controller.force_off = os.environ.get("ROLLOUT_K_CONTROL_FORCE_OFF") == "1"
@@ -53,6 +53,8 @@ class _KControlled:
         self._k_steps: dict[int, tuple] = {}      # id(scheduler output) -> (scheduled at, batch, k, steady)
         self._k_last = -1
         self._k_last_done = 0.0
+        # the last steps, (finished at perf_counter, batch, k, drafter off, seconds, steady): "steps" returns them
+        self._k_trace: collections.deque = collections.deque(maxlen=TRACE_STEPS)
 
     def schedule(self, *args, **kwargs):
         t = time.perf_counter()
@@ -74,6 +76,9 @@ class _KControlled:
         now = time.perf_counter()
         if step is not None:
             t, batch, k, steady = step
+            if batch:
+                self._k_trace.append((now, batch, k, bool(getattr(scheduler_output, DRAFTER_OFF, False)),
+                                      now - max(t, self._k_last_done), steady))
             if steady:
                 accepted = None
                 if k:
@@ -111,6 +116,8 @@ def rollout_spec_control(self: EngineCore, command: str, arg: int = 0):
         return None
     if command == "snapshot":
         return controller.snapshot()
+    if command == "steps":
+        return [list(step) for step in self.scheduler._k_trace]
     raise ValueError(f"rollout_spec_control: unknown command {command!r}")
 
 

@@ -93,8 +93,11 @@ class WeightService:
     async def push(self, header: Header, chunks: AsyncIterator[Chunk]) -> PushOutcome:
         t0 = time.perf_counter()
         self._check_header(header)
-        stager = await asyncio.to_thread(Stager, self.manifests[header.target], header.total_bytes,
-                                         header.sha256, header.partial, scratch_root())
+        # cancelled while the file is made, the thread goes on and its file is given up when it is done
+        stager = await run_to_end(asyncio.to_thread(Stager, self.manifests[header.target], header.total_bytes,
+                                                    header.sha256, header.partial, scratch_root()),
+                                  "staging start",
+                                  orphaned=lambda st: asyncio.get_running_loop().run_in_executor(None, st.discard))
         # Hashing and copying into the staging file run in a thread (hashlib and the copies release the GIL),
         # so Generate streams keep flowing on the event loop while a large push arrives. Pipelined: the next
         # chunk is received while the thread checks, hashes and copies the previous one (in order).
@@ -117,9 +120,13 @@ class WeightService:
                 raise invalid(("no sha256: set ", Name("header.sha256"), ", or end the stream with a trailer "
                                "carrying it"))
         except BaseException:
-            if adding is not None:       # stream cut, bad chunk or cancelled: let the thread finish first
-                await asyncio.gather(adding, return_exceptions=True)
-            await run_to_end(asyncio.to_thread(stager.discard), "staging cleanup")   # frees the file's pages
+            async def clean_up():        # stream cut, bad chunk or cancelled: let the copy finish, then free the file
+                if adding is not None:
+                    await asyncio.gather(adding, return_exceptions=True)
+                await asyncio.to_thread(stager.discard)
+            # one shielded unit: a second cancellation (gRPC's, after the cut stream's own error) landing while
+            # the copy finished used to skip the discard and leave the file in /dev/shm (CI, 2026-11-26)
+            await run_to_end(clean_up(), "staging cleanup")
             raise
         staged = await run_to_end(asyncio.to_thread(stager.finish), "staging write",
                                   orphaned=lambda st: st.discard())

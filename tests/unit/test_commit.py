@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 
 from rollout_service.engine.base import EngineState
 from rollout_service.errors import ServiceError
+from rollout_service.weights.service import Chunk, Header
 from tests.unit.conftest import ORIGINAL, push
 
 
@@ -195,4 +196,44 @@ def test_push_cancelled_during_its_commit_still_commits_on_every_engine_or_none(
             assert e.policy_version == 1 and torch.equal(e.weights["a.weight"], new["a.weight"])
         assert pool.policy_version == 1
         assert not list(scratch.scratch_root().glob("*.safetensors"))
+    asyncio.run(main())
+
+
+def test_a_cut_stream_cancelled_again_while_its_last_copy_ends_still_gives_up_its_file(make_service, monkeypatch):
+    """The client's stream breaks (the push's own error) and gRPC then cancels the call while the push waits for the
+    copy of the chunk before: the clean-up runs to its end, and the staging file becomes the spare (CI once found
+    the cut push's file still in /dev/shm after 10 s)."""
+    import threading
+    import time
+
+    from rollout_service import scratch
+    from rollout_service.weights import staging
+
+    async def main():
+        pool, svc = await make_service()
+        real_add, copying = staging.Stager.add, threading.Event()
+
+        def slow_add(self, *a):
+            copying.set()
+            time.sleep(0.3)
+            real_add(self, *a)
+        monkeypatch.setattr(staging.Stager, "add", slow_add)
+        data = torch.zeros(4, 3).numpy().tobytes()
+
+        async def cut():
+            yield Chunk("a.weight", "float32", (4, 3), 0, data[:24])
+            await asyncio.to_thread(copying.wait)
+            raise RuntimeError("the stream was cut")
+        task = asyncio.ensure_future(svc.push(Header(1, "policy", len(data), "", "wait", True), cut()))
+        await asyncio.to_thread(copying.wait)
+        await asyncio.sleep(0.1)           # the stream has raised; the push waits for the copy to end
+        task.cancel()                      # gRPC's cancellation of the call arrives
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(40):
+            if not list(scratch.scratch_root().glob("*.safetensors")):
+                break
+            await asyncio.sleep(0.05)
+        assert not list(scratch.scratch_root().glob("*.safetensors"))
+        assert pool.policy_version == 0 and all(not e.events for e in pool.engines)
     asyncio.run(main())

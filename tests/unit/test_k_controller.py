@@ -1,7 +1,10 @@
 """The k controller's decisions on synthetic engines: step time T(b, k) and acceptance a per position given."""
 import random
+import re
 
-from rollout_service.speculation.k_controller import KController, bucket_name, bucket_of
+import pytest
+
+from rollout_service.speculation.k_controller import KController, bucket_name, bucket_of, knobs_from_environment
 
 
 def drive(ctl: KController, batch: int, step_s, accept: float, steps: int, seed: int = 0) -> list[int]:
@@ -203,13 +206,14 @@ def test_the_drafter_is_switched_off_only_where_drafting_was_measured_to_lose():
 
 def test_an_off_bucket_turns_back_on_when_drafting_starts_to_pay():
     """Exploration still re-tries k = 1 in an off bucket, so cheaper verification (another load on the machine)
-    brings drafting back; so does a new drafter (UpdateDraft: its acceptance is measured afresh)."""
+    brings drafting back (within three of its rare re-tries, 2560 steps apart); so does a new drafter (UpdateDraft:
+    its acceptance is measured afresh)."""
     cost = [0.6]
     ctl = KController(3)
     offs(ctl, 8, lambda k: 0.04 * (1 + cost[0] * k), 0.2, 600)
     assert ctl.off(bucket_of(8))
     cost[0] = 0.05
-    after = offs(ctl, 8, lambda k: 0.04 * (1 + cost[0] * k), 0.2, 3000)
+    after = offs(ctl, 8, lambda k: 0.04 * (1 + cost[0] * k), 0.2, 8000)
     assert not ctl.off(bucket_of(8)) and settled([k for k, _ in after]) > 0
 
     ctl = KController(3)
@@ -232,3 +236,28 @@ def test_a_deeper_k_is_measured_only_where_the_one_before_nearly_pays():
     ctl = KController(3)        # k = 1 at 0.97 (a = 0.7, a draft costs 0.75 of a step): k = 2 is measured
     chosen = drive(ctl, 12, lambda k: 0.05 * (1 + 0.75 * k), 0.7, 300)
     assert chosen.count(2) > 0 and settled(chosen) == 0, {k: chosen.count(k) for k in range(4)}
+
+
+def test_the_knobs_from_an_engines_environment_are_parsed_and_a_bad_one_is_named():
+    assert knobs_from_environment({}) == {}
+    assert knobs_from_environment({"ROLLOUT_K_CONTROL_MARGIN": "0.1", "ROLLOUT_K_CONTROL_EXPLORE_EVERY": "160",
+                                   "ROLLOUT_K_CONTROL_DEEPEN": ""}) == {"margin": 0.1, "explore_every": 160}
+    assert KController(3, **knobs_from_environment({"ROLLOUT_K_CONTROL_DEEPEN": "0.8"})).deepen == 0.8
+    for env, says in (({"ROLLOUT_K_CONTROL_EXPLORE_EVERY": "1e9"}, "ROLLOUT_K_CONTROL_EXPLORE_EVERY='1e9': not an int"),
+                      ({"ROLLOUT_K_CONTROL_DEEPEN": "most"}, "ROLLOUT_K_CONTROL_DEEPEN='most': not a float"),
+                      ({"ROLLOUT_K_CONTROL_EXPLORE_EVERY": "0"}, "must be >= 1")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            knobs_from_environment(env)
+
+
+def test_an_off_bucket_re_tries_drafting_rarely_unless_it_nearly_paid():
+    """A draft model at 4 sequences (k = 1 at 0.74-0.81 of k = 0's rate) spent 2-3% of its steps re-trying k = 1, each
+    at 1.5x a step's time, and lost 3-4% to plain where the same engine without re-tries lost 1%. Where k = 0 is the
+    best, a re-try comes at the rare rate unless k = 1 reached `deepen` of k = 0 (the old rule: `give_up`, 0.7)."""
+    def share(deepen: float) -> float:
+        ctl = KController(3, deepen=deepen)
+        offs(ctl, 4, lambda k: 0.027 * (1 + 0.4 * k), 0.2, 600)
+        tail = offs(ctl, 4, lambda k: 0.027 * (1 + 0.4 * k), 0.2, 6000)
+        assert ctl.off(bucket_of(4)) and 0.7 < ctl._ratio(bucket_of(4), 1) < 0.9
+        return sum(1 for k, _ in tail if k) / len(tail)
+    assert share(0.9) < 0.005 and share(0.7) > 0.02
