@@ -22,8 +22,10 @@ in turn (plain, auto, fixed; then fixed, auto, plain for the next draw), so the 
 prompts and seeds (two plain runs on different draws differed by up to 24% at 4-8 sequences in one run, the
 samples' lengths being set by natural EOS) and within the same minutes. A cell's rate is
 all its tokens over all its wall time; the speedup per draw is kept too (`speedup_by_round`), and `plain_spread`
-is how far the plain engine's draws differ. The auto engine first runs a short warm-up at every concurrency (its
-controller learns step times and acceptance, as it does in the first minutes of serving).
+is how far the plain engine's draws differ. The auto engine first runs a warm-up at every concurrency, as many
+samples as a draw at up to 64 tokens each: its controller measures k = 0, 1, ... in each batch-size bucket it meets,
+as in the first minutes of serving (with a warm-up of one sample per slot, a draft model's first draw at 4 sequences
+still ran 42 steps measuring or drafting against 0-20 in each draw after it; bench/speculation_repeat.py, 2026-11-26).
 
 Per cell: speedup = spec tok/s / plain tok/s; vLLM's acceptance (accepted / drafted) and mean acceptance
 length L over the drafting steps; the per-token acceptance a solved from L (speculation/speedup.py); the
@@ -229,7 +231,7 @@ async def run(args) -> list[dict]:
             fix = None if args.no_fixed else await start(model, SpeculationConfig(k_control="fixed", **common))
             try:
                 for c in conc:                                   # the controller's first minutes of serving
-                    await held(auto, work, c, c, min(64, args.max_tokens), "warm-up")
+                    await held(auto, work, c, n_of[c], min(64, args.max_tokens), "warm-up")
                 for c in conc:
                     snap0 = await auto.k_control_snapshot()
                     runs = {"plain": [], "auto": [], k: []}

@@ -72,7 +72,7 @@ async def main(args) -> list[dict]:
     try:
         for c in args.concurrency:                     # the controllers' first minutes of serving
             for name in ("auto", "off"):
-                await held(engines[name], work, c, c, 64, "warm-up")
+                await held(engines[name], work, c, max(args.min_samples, 2 * c), 64, "warm-up")
         for c in args.concurrency:
             n = max(args.min_samples, 2 * c)           # as bench/speculation.py's default
             runs: dict[str, list[dict]] = {name: [] for name in engines}

@@ -138,10 +138,7 @@ async def _update_drafter(engine, path: str) -> None:
     prepared = await engine.prepare_weights([str(f)], "drafter")
     await engine.pause("keep")
     try:
-        if prepared:
-            await engine.swap_weights("drafter")
-        else:
-            await engine.load_weights(str(f), "drafter")
+        await engine.apply_weights(prepared, [str(f)], "drafter")
         await engine.set_versions(engine.policy_version, engine.draft_version + 1)
     finally:
         await engine.resume()

@@ -104,6 +104,15 @@ class Engine(abc.ABC):
     async def swap_weights(self, target: str) -> None:
         """Serve the prepared weights from the next step on (engine paused)."""
 
+    async def apply_weights(self, prepared: bool, paths: list[str], target: str) -> None:
+        """The commit's step while paused: serve what prepare_weights loaded (prepared True), or load `paths` in
+        place (it returned False)."""
+        if prepared:
+            await self.swap_weights(target)
+        else:
+            for path in paths:
+                await self.load_weights(str(path), target)
+
     @abc.abstractmethod
     async def discard_weights(self) -> None:
         """Drop prepared weights, if any."""

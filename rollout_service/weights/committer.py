@@ -90,11 +90,7 @@ class WeightCommitter:
             swapped = []
             try:
                 for e, ready in zip(engines, prepared):
-                    if ready:
-                        await e.swap_weights(target)
-                    else:                                              # engine.weight_reload = "in_place"
-                        for f in files:
-                            await e.load_weights(str(f), target)
+                    await e.apply_weights(ready, files, target)    # not ready: engine.weight_reload = "in_place"
                     swapped.append(e)
             except Exception as err:  # noqa: BLE001 - any engine failure rolls the whole commit back
                 failed = engines[len(swapped)]
