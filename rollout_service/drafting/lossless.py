@@ -227,7 +227,7 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
     report = _compare(spec_out[0], temperature, **compare)
     report.k_steps = list(k_snapshot["steps_by_k"]) if k_snapshot else []
     report.drafter_off_steps = k_snapshot.get("off_steps", 0) if k_snapshot else 0
-    report.k_trace = k_snapshot.get("trace") or [] if k_snapshot else []
+    report.k_trace = (k_snapshot.get("trace") or []) if k_snapshot else []
     if update_draft:
         after = [r for _, r in spec_out[0] if r.draft_version > 0]
         report.notes.append(f"drafter updated mid-run (keep mode) from {update_draft}: {len(after)} of "

@@ -76,16 +76,17 @@ class _KControlled:
         now = time.perf_counter()
         if step is not None:
             t, batch, k, steady = step
+            seconds = now - max(t, self._k_last_done)      # from its scheduling, or the step before it ended
             if batch:
-                self._k_trace.append((now, batch, k, bool(getattr(scheduler_output, DRAFTER_OFF, False)),
-                                      now - max(t, self._k_last_done), steady))
+                self._k_trace.append((now, batch, k, bool(getattr(scheduler_output, DRAFTER_OFF, False)), seconds,
+                                      steady))
             if steady:
                 accepted = None
                 if k:
                     index, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
                     accepted = [max(0, len(sampled[index[r]]) - 1)
                                 for r in scheduler_output.num_scheduled_tokens if r in index]
-                self.k_controller.observe(batch, k, now - max(t, self._k_last_done), accepted)
+                self.k_controller.observe(batch, k, seconds, accepted)
         self._k_last_done = now
         return super().update_from_output(scheduler_output, model_runner_output)
 
