@@ -5,7 +5,8 @@ reports every finished step with `observe(...)`. Two things are measured:
 
 - the step time T(b, k) by batch-size bucket (1, 2, 3-4, 5-8, ...) and k, an exponential moving average over
   pure decode steps that verified the drafts of the same k they drafted (the first step after a switch mixes two
-  ks and is not counted; prefill steps are not counted);
+  ks and is not counted; prefill steps are not counted), compared at the bucket's largest batch (a bucket spans
+  2x in batch, and a draining batch times its ks at different sizes: `seconds`);
 - the per-position acceptance a_i of the drafter in use: of the sequence-steps that reached draft position i
   (every earlier draft accepted), the fraction that accepted it. A sequence the drafter proposed nothing for
   (n-gram without a match) counts as rejected. Acceptance does not depend on the batch, so every bucket shares it.
@@ -84,12 +85,13 @@ def bucket_name(bucket: int) -> str:
 
 @dataclass
 class Cell:
-    """One (bucket, k): step time (seconds) and tokens per sequence-step, as exponential moving averages that
-    start from the first observations' median (seconds) and mean (tokens)."""
+    """One (bucket, k): step time (seconds), tokens per sequence-step and the batch size it was measured at, as
+    exponential moving averages that start from the first observations' median (seconds) and mean (the others)."""
     seconds: float = 0.0
     tokens: float = 1.0
+    batch: float = 1.0
     n: int = 0
-    first: list = field(default_factory=list)       # (seconds, tokens) of the first min_obs steps
+    first: list = field(default_factory=list)       # (seconds, tokens, batch) of the first min_obs steps
 
 
 class KController:
@@ -134,15 +136,17 @@ class KController:
         cell = self.cells.setdefault((bucket_of(batch), k), Cell())
         tokens = 1 + sum(accepted_counts) / len(accepted_counts) if k and accepted_counts else 1.0
         if cell.n < self.min_obs:
-            cell.first.append((seconds, tokens))
-            cell.seconds = statistics.median(s for s, _ in cell.first)
-            cell.tokens = statistics.fmean(t for _, t in cell.first)
+            cell.first.append((seconds, tokens, batch))
+            cell.seconds = statistics.median(s for s, _, _ in cell.first)
+            cell.tokens = statistics.fmean(t for _, t, _ in cell.first)
+            cell.batch = statistics.fmean(x for _, _, x in cell.first)
             if cell.n + 1 == self.min_obs:
                 cell.first = []
         else:
             seconds = min(max(seconds, cell.seconds / 2), cell.seconds * 2)
             cell.seconds += self.alpha * (seconds - cell.seconds)
             cell.tokens += self.alpha * (tokens - cell.tokens)
+            cell.batch += self.alpha * (batch - cell.batch)
         cell.n += 1
         if k and accepted_counts:
             for j in accepted_counts:
@@ -182,12 +186,32 @@ class KController:
             total += prod
         return total
 
+    def _measured(self, b: int, k: int) -> Cell | None:
+        cell = self.cells.get((b, k))
+        return cell if cell is not None and cell.n >= self.min_obs and cell.seconds > 0 else None
+
+    def seconds(self, b: int, k: int) -> float | None:
+        """Cell (b, k)'s step time at the bucket's largest batch, so that cells measured at different batch sizes
+        compare (a bucket spans 2x: n-gram at 33-64 sequences timed k = 0 at 188 ms, mostly at 64 sequences, and
+        k = 2 at 153 ms while the batch drained to the 30s, and drafted where it lost). The step time is taken as
+        linear in the batch, p + q b, through the k = 0 cells of this bucket and the nearest measured one (below
+        if there is one), with q between 0 (flat: no correction) and proportional to the batch."""
+        cell = self._measured(b, k)
+        if cell is None:
+            return None
+        own = self._measured(b, 0)
+        nearest = (self._measured(o, 0) for o in (*range(b - 1, -1, -1), *range(b + 1, b + 32)))   # below first
+        other = next((c for c in nearest if c and abs(c.batch - own.batch) >= 1), None) if own else None
+        if other is None:
+            return cell.seconds
+        q = min(max((own.seconds - other.seconds) / (own.batch - other.batch), 0.0), own.seconds / own.batch)
+        p = own.seconds - q * own.batch
+        return cell.seconds * (p + q * (1 << b)) / (p + q * cell.batch)
+
     def rate(self, b: int, k: int) -> float | None:
         """Expected tokens per sequence per second at bucket b and k (None: not measured enough)."""
-        cell, length = self.cells.get((b, k)), self.mean_length(k)
-        if cell is None or cell.n < self.min_obs or length is None or cell.seconds <= 0:
-            return None
-        return length / cell.seconds
+        seconds, length = self.seconds(b, k), self.mean_length(k)
+        return None if seconds is None or length is None else length / seconds
 
     def _decide(self, b: int) -> int:
         self.decisions += 1
@@ -204,8 +228,7 @@ class KController:
             if k and (ratio is None or ratio < self.deepen):
                 break                                    # worse, or not comparable until acceptance is known
         if not self.acceptance_known():                  # draft with the cheapest k > 0 until acceptance is known
-            return min(range(1, self.k_max + 1),
-                       key=lambda k: self.cells[(b, k)].seconds if (b, k) in self.cells else float("inf"))
+            return min(range(1, self.k_max + 1), key=lambda k: self.seconds(b, k) or float("inf"))
         best = self.best(b)
         if best and self._since_zero.get(b, 0) >= self.refresh_every:
             return 0                                     # keep the reference fresh
@@ -248,17 +271,19 @@ class KController:
         buckets = sorted({b for b, _ in self.cells} | set(self.bucket_steps))
         rows = []
         for b in buckets:
-            plain, best = self.cells.get((b, 0)), self.best(b)
-            chosen, cell = self.rate(b, best), self.cells.get((b, best))
-            measured = plain is not None and plain.n >= self.min_obs and cell is not None and cell.n >= self.min_obs
+            best = self.best(b)
+            plain, chosen, cell = self.seconds(b, 0), self.rate(b, best), self.cells.get((b, best))
+            measured = plain is not None and self.seconds(b, best) is not None
             rows.append({
                 "batch": bucket_name(b), "chosen_k": best, "drafter_off": self.off(b),
                 "steps_by_k": list(self.bucket_steps.get(b, [0] * (self.k_max + 1))),
-                "step_ms": [round(self.cells[(b, k)].seconds * 1e3, 3) if (b, k) in self.cells else None
+                # at the bucket's largest batch (see seconds()); a cell still being measured: as measured so far
+                "step_ms": [round((self.seconds(b, k) or self.cells[(b, k)].seconds) * 1e3, 3)
+                            if (b, k) in self.cells else None
                             for k in range(self.k_max + 1)],
                 # L(k*) from the acceptance model, and the tokens per sequence-step the chosen cell really made
-                "expected_speedup": chosen * plain.seconds if measured and chosen else None,
-                "realized_speedup": cell.tokens / cell.seconds * plain.seconds if measured else None,
+                "expected_speedup": chosen * plain if measured and chosen else None,
+                "realized_speedup": cell.tokens / self.seconds(b, best) * plain if measured else None,
             })
         return {"k_max": self.k_max, "draft_version": self.draft_version, "steps_by_k": self.steps_by_k,
                 "off_steps": self.off_steps,

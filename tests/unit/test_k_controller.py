@@ -261,3 +261,37 @@ def test_an_off_bucket_re_tries_drafting_rarely_unless_it_nearly_paid():
         assert ctl.off(bucket_of(4)) and 0.7 < ctl._ratio(bucket_of(4), 1) < 0.9
         return sum(1 for k, _ in tail if k) / len(tail)
     assert share(0.9) < 0.005 and share(0.7) > 0.02
+
+
+def test_cells_timed_at_different_batch_sizes_of_a_bucket_are_compared_at_one():
+    """n-gram at 64 sequences ran 0.87x plain: in the 33-64 bucket k = 0 was timed at 188 ms, mostly at 64
+    sequences, and k = 2 at 153 ms while the batch drained to the 30s, so k = 2 looked cheaper than k = 0 and was
+    chosen. Step time grows with the batch (here 0.02 s + 1.5 ms per sequence per token verified); at one batch
+    size drafting loses, and the controller, comparing the cells at the bucket's largest batch, keeps k = 0."""
+    def step_s(batch, k):
+        return 0.02 + 0.0015 * batch * (1 + 0.6 * k)
+
+    def feed(ctl, batch, k, steps=12, accept=0.4):
+        rng = random.Random(batch * 10 + k)
+        for _ in range(steps):
+            counts = [next((j for j in range(k) if rng.random() >= accept), k) for _ in range(batch)] if k else None
+            ctl.observe(batch, k, step_s(batch, k), counts)
+
+    def timed_in_a_drain(with_the_bucket_below: bool) -> KController:
+        ctl = KController(3)
+        if with_the_bucket_below:
+            feed(ctl, 28, 0)                       # 17-32: k = 0 at 28 sequences
+        feed(ctl, 64, 0)                           # 33-64: k = 0 at 64 sequences, k > 0 in the drain at 34
+        for k in (1, 2, 3):
+            feed(ctl, 34, k)
+        return ctl
+
+    b = bucket_of(64)
+    at_34 = {k: (1 + sum(0.4 ** i for i in range(1, k + 1))) / step_s(34, k) for k in range(4)}
+    assert max(at_34, key=at_34.get) == 0                                    # at one batch size drafting loses
+    assert timed_in_a_drain(False).best(b) > 0                               # no line yet: fooled as before
+    ctl = timed_in_a_drain(True)
+    assert ctl.best(b) == 0
+    # k = 2 scaled as k = 0's line scales (its own line is steeper: within 10% of its time at 64 sequences)
+    assert ctl.seconds(b, 2) == pytest.approx(step_s(64, 2), rel=0.1) and ctl.seconds(b, 0) == step_s(64, 0)
+    assert ctl.snapshot()["buckets"][-1]["step_ms"][2] == pytest.approx(ctl.seconds(b, 2) * 1e3, rel=1e-3)
