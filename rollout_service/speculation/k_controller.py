@@ -32,6 +32,11 @@ Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
   often 10x slow: taken as the start of an average that moves 10% per step, one such step made k = 0 look 14x
   dearer than it was at one sequence for the rest of a run), and after that one step's time moves it by at most
   a factor 2 (a stall or a collection does not redefine it);
+- a cell not observed for `stale_s` of engine time (the sum of the steps' times) is re-measured afresh, from the
+  median of its next `min_obs` steps, keeping its old value meanwhile: a moving average that blends steps from
+  either side of a gap compares a cell of this minute with one of a minute the machine ran at another speed (n-gram,
+  drafting with first-draft acceptance 0.055, drafted at 5-8 sequences because k = 1 timed at 38 ms in recent
+  drains against a k = 0 at 47 ms from earlier, and lost 4-7% at 4-32 sequences);
 - without measured acceptance (at start, after a new drafter), the cheapest k > 0 drafts until it is measured.
 
 Where drafting loses (the acceptance measured, k = 0 and k = 1 measured in a bucket, and k = 0 the best), the
@@ -91,18 +96,21 @@ class Cell:
     tokens: float = 1.0
     batch: float = 1.0
     n: int = 0
-    first: list = field(default_factory=list)       # (seconds, tokens, batch) of the first min_obs steps
+    first: list = field(default_factory=list)       # (seconds, tokens, batch) of the first (or fresh) min_obs steps
+    at: float = 0.0                                 # the controller's clock at its last observation
 
 
 class KController:
     def __init__(self, k_max: int, *, dwell: int = 8, min_obs: int = 6, explore_every: int = 40,
                  refresh_every: int = 12, margin: float = 0.04, give_up: float = 0.7, deepen: float = 0.9,
-                 alpha: float = 0.1,
+                 alpha: float = 0.1, stale_s: float = 10.0,
                  window: float = 4000.0, min_sequences: int = 32, seed: int = 0):
         if k_max < 1:
             raise ValueError("k_max must be >= 1")
         self.k_max, self.dwell, self.min_obs, self.explore_every = k_max, dwell, min_obs, explore_every
         self.alpha, self.window, self.min_sequences = alpha, window, min_sequences
+        self.stale_s = stale_s
+        self.clock = 0.0                       # engine time: the sum of the observed steps' seconds
         self.refresh_every, self.margin, self.give_up, self.deepen = refresh_every, margin, give_up, deepen
         self._since_zero: dict[int, int] = {}            # bucket -> decisions since it last ran k = 0
         self.rng = random.Random(seed)
@@ -135,12 +143,17 @@ class KController:
         sequence the number of drafts accepted (None or [] when k = 0)."""
         cell = self.cells.setdefault((bucket_of(batch), k), Cell())
         tokens = 1 + sum(accepted_counts) / len(accepted_counts) if k and accepted_counts else 1.0
-        if cell.n < self.min_obs:
+        self.clock += seconds
+        if cell.n >= self.min_obs and self.clock - seconds - cell.at > self.stale_s:
+            cell.first = [(seconds, tokens, batch)]      # stale: re-measured afresh, its old value kept meanwhile
+        elif cell.n < self.min_obs or cell.first:
             cell.first.append((seconds, tokens, batch))
-            cell.seconds = statistics.median(s for s, _, _ in cell.first)
-            cell.tokens = statistics.fmean(t for _, t, _ in cell.first)
-            cell.batch = statistics.fmean(x for _, _, x in cell.first)
-            if cell.n + 1 == self.min_obs:
+        if cell.first:
+            if cell.n < self.min_obs or len(cell.first) == self.min_obs:
+                cell.seconds = statistics.median(s for s, _, _ in cell.first)
+                cell.tokens = statistics.fmean(t for _, t, _ in cell.first)
+                cell.batch = statistics.fmean(x for _, _, x in cell.first)
+            if len(cell.first) == self.min_obs:
                 cell.first = []
         else:
             seconds = min(max(seconds, cell.seconds / 2), cell.seconds * 2)
@@ -148,6 +161,7 @@ class KController:
             cell.tokens += self.alpha * (tokens - cell.tokens)
             cell.batch += self.alpha * (batch - cell.batch)
         cell.n += 1
+        cell.at = self.clock
         if k and accepted_counts:
             for j in accepted_counts:
                 for i in range(1, min(j + 1, k) + 1):      # positions 1..j accepted, j + 1 (if <= k) rejected

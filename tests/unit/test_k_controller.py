@@ -295,3 +295,29 @@ def test_cells_timed_at_different_batch_sizes_of_a_bucket_are_compared_at_one():
     # k = 2 scaled as k = 0's line scales (its own line is steeper: within 10% of its time at 64 sequences)
     assert ctl.seconds(b, 2) == pytest.approx(step_s(64, 2), rel=0.1) and ctl.seconds(b, 0) == step_s(64, 0)
     assert ctl.snapshot()["buckets"][-1]["step_ms"][2] == pytest.approx(ctl.seconds(b, 2) * 1e3, rel=1e-3)
+
+
+def test_a_cell_not_observed_for_a_while_is_re_measured_afresh():
+    """A cell's moving average blended steps from either side of a gap: n-gram at 5-8 sequences drafted at k = 1
+    with first-draft acceptance 0.055 because k = 1 was timed at 38 ms in recent drains and k = 0 at 47 ms
+    minutes earlier, on a machine that had become faster since. After `stale_s` of engine time without an
+    observation a cell takes the median of its next `min_obs` steps, and keeps its old value until then."""
+    ctl = KController(3)
+    for _ in range(30):
+        ctl.observe(8, 0, 0.047)                     # 5-8 sequences, k = 0, in a slow minute
+    for _ in range(400):
+        ctl.observe(32, 0, 0.05)                     # 20 s of engine time elsewhere; the machine speeds up
+    for i in range(5):
+        ctl.observe(8, 0, 0.036)
+        assert ctl.cells[(bucket_of(8), 0)].seconds == 0.047, i      # kept until re-measured
+    ctl.observe(8, 0, 0.036)
+    assert ctl.cells[(bucket_of(8), 0)].seconds == 0.036              # the old rule: 0.041 after six steps
+    ctl.observe(8, 0, 0.040)
+    assert 0.036 < ctl.cells[(bucket_of(8), 0)].seconds < 0.037      # then a moving average again
+
+    ctl = KController(3, stale_s=float("inf"))       # without: the stale reference stays for a dozen steps
+    for _ in range(30):
+        ctl.observe(8, 0, 0.047)
+    for _ in range(6):
+        ctl.observe(8, 0, 0.036)
+    assert ctl.cells[(bucket_of(8), 0)].seconds > 0.04
