@@ -143,8 +143,9 @@ class KController:
         sequence the number of drafts accepted (None or [] when k = 0)."""
         cell = self.cells.setdefault((bucket_of(batch), k), Cell())
         tokens = 1 + sum(accepted_counts) / len(accepted_counts) if k and accepted_counts else 1.0
+        stale = cell.n >= self.min_obs and self.clock - cell.at > self.stale_s
         self.clock += seconds
-        if cell.n >= self.min_obs and self.clock - seconds - cell.at > self.stale_s:
+        if stale:
             cell.first = [(seconds, tokens, batch)]      # stale: re-measured afresh, its old value kept meanwhile
         elif cell.n < self.min_obs or cell.first:
             cell.first.append((seconds, tokens, batch))
@@ -235,8 +236,7 @@ class KController:
 
     def _pick(self, b: int) -> int:
         for k in range(self.k_max + 1):                  # measure k = 0, 1, ... while the last one nearly pays
-            cell = self.cells.get((b, k))
-            if cell is None or cell.n < self.min_obs:
+            if self._measured(b, k) is None:
                 return k
             ratio = self._ratio(b, k)
             if k and (ratio is None or ratio < self.deepen):
@@ -257,8 +257,7 @@ class KController:
 
     def off(self, b: int) -> bool:
         """Drafting loses at bucket b: with the acceptance known and k = 0 and k = 1 measured, k = 0 is the best."""
-        measured = all(self.cells.get((b, k)) is not None and self.cells[(b, k)].n >= self.min_obs for k in (0, 1))
-        return measured and self.acceptance_known() and self.best(b) == 0
+        return all(self._measured(b, k) for k in (0, 1)) and self.acceptance_known() and self.best(b) == 0
 
     def _ratio(self, b: int, k: int, against: int = 0) -> float | None:
         r, ref = self.rate(b, k), self.rate(b, against)
@@ -286,8 +285,9 @@ class KController:
         rows = []
         for b in buckets:
             best = self.best(b)
-            plain, chosen, cell = self.seconds(b, 0), self.rate(b, best), self.cells.get((b, best))
-            measured = plain is not None and self.seconds(b, best) is not None
+            plain, best_s, chosen = self.seconds(b, 0), self.seconds(b, best), self.rate(b, best)
+            cell = self.cells.get((b, best))
+            measured = plain is not None and best_s is not None
             rows.append({
                 "batch": bucket_name(b), "chosen_k": best, "drafter_off": self.off(b),
                 "steps_by_k": list(self.bucket_steps.get(b, [0] * (self.k_max + 1))),
@@ -297,7 +297,7 @@ class KController:
                             for k in range(self.k_max + 1)],
                 # L(k*) from the acceptance model, and the tokens per sequence-step the chosen cell really made
                 "expected_speedup": chosen * plain if measured and chosen else None,
-                "realized_speedup": cell.tokens / self.seconds(b, best) * plain if measured else None,
+                "realized_speedup": cell.tokens / best_s * plain if measured else None,
             })
         return {"k_max": self.k_max, "draft_version": self.draft_version, "steps_by_k": self.steps_by_k,
                 "off_steps": self.off_steps,
