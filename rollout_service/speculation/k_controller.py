@@ -6,7 +6,9 @@ reports every finished step with `observe(...)`. Two things are measured:
 - the step time T(b, k) by batch-size bucket (1, 2, 3-4, 5-8, ...) and k, an exponential moving average over
   pure decode steps that verified the drafts of the same k they drafted (the first step after a switch mixes two
   ks and is not counted; prefill steps are not counted), compared at the bucket's largest batch (a bucket spans
-  2x in batch, and a draining batch times its ks at different sizes: `seconds`);
+  2x in batch, and a draining batch times its ks at different sizes: `seconds`); a k > 0 is timed against k = 0
+  next to it in time, as the median of paired ratios T(k)/T(0) from the steps either side of each switch of k
+  (`_pair`), since the machine's speed moves more between minutes, and in bursts of slow steps, than drafting costs;
 - the per-position acceptance a_i of the drafter in use: of the sequence-steps that reached draft position i
   (every earlier draft accepted), the fraction that accepted it. A sequence the drafter proposed nothing for
   (n-gram without a match) counts as rejected. Acceptance does not depend on the batch, so every bucket shares it.
@@ -49,18 +51,22 @@ from a KV cache with gaps, which the acceptance it then measures includes.
 """
 from __future__ import annotations
 
+import collections
 import random
 import statistics
 from dataclasses import dataclass, field
 
 DRAFTER_OFF = "rollout_drafter_off"     # SchedulerOutput attribute: k = 0 with the drafter switched off (k0_fastpath)
+PAIR_STEPS = 8      # the steps either side of a switch between k = 0 and k > 0 that one paired ratio compares
+PAIRS = 6           # the paired ratios a cell keeps (their median is its T(k)/T(0))
 
 
 # The controller's settings for benchmarks and debugging, from the engine's environment (defaults: KController's):
 # how much drafting must beat k = 0 by; the share of k = 0's rate a k must reach for the next deeper one to be
-# measured; every how many decisions a neighbour of the best k is re-tried
+# measured; every how many decisions a neighbour of the best k is re-tried; the longest gap of engine time across
+# which a switch of k is paired (0: none, each cell's own average as before paired ratios)
 KNOBS = {"margin": ("ROLLOUT_K_CONTROL_MARGIN", float, 0), "deepen": ("ROLLOUT_K_CONTROL_DEEPEN", float, 0),
-         "explore_every": ("ROLLOUT_K_CONTROL_EXPLORE_EVERY", int, 1)}
+         "explore_every": ("ROLLOUT_K_CONTROL_EXPLORE_EVERY", int, 1), "pair_s": ("ROLLOUT_K_CONTROL_PAIR_S", float, 0)}
 
 
 def knobs_from_environment(environ) -> dict:
@@ -98,18 +104,30 @@ class Cell:
     n: int = 0
     first: list = field(default_factory=list)       # (seconds, tokens, batch) of the first (or fresh) min_obs steps
     at: float = 0.0                                 # the controller's clock at its last observation
+    ratios: collections.deque = field(default_factory=lambda: collections.deque(maxlen=PAIRS))   # k > 0: T(k)/T(0)
+
+
+@dataclass
+class Run:
+    """A bucket's consecutive observed steps of one k: (clock, seconds, batch) of its first and of its last PAIR_STEPS
+    steps (a run off for minutes keeps only its ends), and whether its first steps were paired yet."""
+    k: int
+    head: list = field(default_factory=list)
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=PAIR_STEPS))
+    paired: bool = False
 
 
 class KController:
     def __init__(self, k_max: int, *, dwell: int = 8, min_obs: int = 6, explore_every: int = 40,
                  refresh_every: int = 12, margin: float = 0.04, give_up: float = 0.7, deepen: float = 0.9,
-                 alpha: float = 0.1, stale_s: float = 10.0,
+                 alpha: float = 0.1, stale_s: float = 10.0, pair_s: float = 2.0,
                  window: float = 4000.0, min_sequences: int = 32, seed: int = 0):
         if k_max < 1:
             raise ValueError("k_max must be >= 1")
         self.k_max, self.dwell, self.min_obs, self.explore_every = k_max, dwell, min_obs, explore_every
         self.alpha, self.window, self.min_sequences = alpha, window, min_sequences
-        self.stale_s = stale_s
+        self.stale_s, self.pair_s = stale_s, pair_s
+        self._runs: dict[int, collections.deque] = {}    # bucket -> its last two runs (the current one last)
         self.clock = 0.0                       # engine time: the sum of the observed steps' seconds
         self.refresh_every, self.margin, self.give_up, self.deepen = refresh_every, margin, give_up, deepen
         self._since_zero: dict[int, int] = {}            # bucket -> decisions since it last ran k = 0
@@ -163,6 +181,7 @@ class KController:
             cell.batch += self.alpha * (batch - cell.batch)
         cell.n += 1
         cell.at = self.clock
+        self._follow_run(bucket_of(batch), k, seconds, batch)
         if k and accepted_counts:
             for j in accepted_counts:
                 for i in range(1, min(j + 1, k) + 1):      # positions 1..j accepted, j + 1 (if <= k) rejected
@@ -172,6 +191,45 @@ class KController:
             if self.reached[1] > self.window:                # forget slowly: follow a moving policy
                 self.reached = [x / 2 for x in self.reached]
                 self.accepted = [x / 2 for x in self.accepted]
+
+    def _follow_run(self, b: int, k: int, seconds: float, batch: int) -> None:
+        runs = self._runs.setdefault(b, collections.deque(maxlen=2))
+        if not runs or runs[-1].k != k:
+            if runs and not runs[-1].paired:
+                self._pair(b)                            # a run that ended before PAIR_STEPS steps
+            runs.append(Run(k))
+        run = runs[-1]
+        if len(run.head) < PAIR_STEPS:
+            run.head.append((self.clock, seconds, batch))
+        run.tail.append((self.clock, seconds, batch))
+        if len(run.head) == PAIR_STEPS and not run.paired:
+            self._pair(b)
+
+    def _pair(self, b: int) -> None:
+        """The bucket's current run has its first steps: if the run before it (another k) ended just before, one
+        paired ratio T(k)/T(0) from the steps either side of the switch (at most PAIR_STEPS each, at the bucket's
+        largest batch), for the new run's k, or the old one's where the new one is k = 0; a switch between two
+        ks > 0 chains through the one whose ratio is known. Steps next to each other in time see the machine at one
+        speed: a k = 0 cell that averaged in a burst of slow steps (k = 0 at 4 sequences took 41-50 ms for 11 steps
+        of a drain, 28-30 ms before and after) does not make drafting look cheap, nor one timed in another phase."""
+        runs = self._runs[b]
+        run = runs[-1]
+        run.paired = True
+        before = runs[0].tail
+        if len(runs) < 2 or min(len(before), len(run.head)) < 3 or run.head[0][0] - before[-1][0] > self.pair_s:
+            return
+        times = {k: statistics.median(self._at_top(b, s, x) for _, s, x in side)
+                 for k, side in ((runs[0].k, before), (run.k, run.head))}
+        known = {k: self._relative(b, k) for k in times}
+        k = run.k if known[runs[0].k] is not None and run.k else runs[0].k   # the new run's k, unless it is the ref.
+        ref = next(o for o in times if o != k)
+        if k and known[ref] is not None:
+            self.cells[(b, k)].ratios.append(times[k] / times[ref] * known[ref])
+
+    def _relative(self, b: int, k: int) -> float | None:
+        """T(b, k)/T(b, 0) from the paired ratios (1 for k = 0; None before any)."""
+        ratios = self.cells[(b, k)].ratios if k else (1.0,)
+        return statistics.median(ratios) if ratios else None
 
     def drafter_changed(self, version: int) -> None:
         """A new drafter: its acceptance is unknown until measured (step times still hold)."""
@@ -210,18 +268,27 @@ class KController:
         compare (a bucket spans 2x: n-gram at 33-64 sequences timed k = 0 at 188 ms, mostly at 64 sequences, and
         k = 2 at 153 ms while the batch drained to the 30s, and drafted where it lost). The step time is taken as
         linear in the batch, p + q b, through the k = 0 cells of this bucket and the nearest measured one (below
-        if there is one), with q between 0 (flat: no correction) and proportional to the batch."""
+        if there is one), with q between 0 (flat: no correction) and proportional to the batch.
+        A k > 0 cell with paired ratios (`_pair`) is k = 0's time times their median: drafting is compared with
+        k = 0 next to it in time, not with an average of other minutes."""
         cell = self._measured(b, k)
         if cell is None:
             return None
+        zero = self.seconds(b, 0) if k and cell.ratios else None
+        if zero is not None:
+            return zero * self._relative(b, k)
+        return self._at_top(b, cell.seconds, cell.batch)
+
+    def _at_top(self, b: int, seconds: float, batch: float) -> float:
+        """A step time at `batch` scaled to bucket b's largest batch along the k = 0 line (see seconds())."""
         own = self._measured(b, 0)
         nearest = (self._measured(o, 0) for o in (*range(b - 1, -1, -1), *range(b + 1, b + 32)))   # below first
         other = next((c for c in nearest if c and abs(c.batch - own.batch) >= 1), None) if own else None
         if other is None:
-            return cell.seconds
+            return seconds
         q = min(max((own.seconds - other.seconds) / (own.batch - other.batch), 0.0), own.seconds / own.batch)
         p = own.seconds - q * own.batch
-        return cell.seconds * (p + q * (1 << b)) / (p + q * cell.batch)
+        return seconds * (p + q * (1 << b)) / (p + q * batch)
 
     def rate(self, b: int, k: int) -> float | None:
         """Expected tokens per sequence per second at bucket b and k (None: not measured enough)."""
