@@ -68,8 +68,9 @@ def plot(rows: list[dict], out: Path) -> Path:
             pts.sort(key=lambda r: r["conc"])
             xs = [r["conc"] for r in pts]
             auto = k == "auto"
+            label = f"k={k}" if not auto else "a second plain engine" if method == "plain" else "k by the controller"
             line, = ax.plot(xs, [r["speedup"] for r in pts], marker="o", lw=3 if auto else 1.5,
-                            color="black" if auto else None, label="k chosen by the controller" if auto else f"k={k}")
+                            color="black" if auto else None, label=label)
             if auto and all(r["interval"] for r in pts):
                 ax.errorbar(xs, [r["speedup"] for r in pts], yerr=[[r["speedup"] - r["interval"][1] for r in pts],
                                                                    [r["interval"][2] - r["speedup"] for r in pts]],

@@ -1,6 +1,6 @@
 """Speculation on vs off on an RL-shaped workload, plain and speculative engines interleaved (not a test).
 
-    .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram,suffix]
+    .venv/bin/python bench/speculation.py [--methods draft_model,eagle3,ngram,suffix,plain]
                                           [--fixed-k draft_model:3,eagle3:2,ngram:3,suffix:3]
                                           [--no-fixed] [--concurrency 1,4,8,16,32,64] [--max-tokens 128]
                                           [--samples-per-slot 2] [--min-samples 16] [--rounds 2]
@@ -26,6 +26,9 @@ is how far the plain engine's draws differ. The auto engine first runs a warm-up
 samples as a draw at up to 64 tokens each: its controller measures k = 0, 1, ... in each batch-size bucket it meets,
 as in the first minutes of serving (with a warm-up of one sample per slot, a draft model's first draw at 4 sequences
 still ran 42 steps measuring or drafting against 0-20 in each draw after it; bench/speculation_repeat.py, 2026-11-26).
+
+`--methods plain` puts a second plain engine in the auto engine's place: two identical engines measured against
+each other the same way, the noise floor a cell's speedup is read against.
 
 Per cell: speedup = spec tok/s / plain tok/s; vLLM's acceptance (accepted / drafted) and mean acceptance
 length L over the drafting steps; the per-token acceptance a solved from L (speculation/speedup.py); the
@@ -209,7 +212,7 @@ async def run(args) -> list[dict]:
     model = resolve_model(args.model)
     drafters = {"draft_model": [args.draft_model or str(default_drafter_dir("draft_model"))],
                 "eagle3": (args.eagle3_head or str(default_drafter_dir("eagle3"))).split(","), "ngram": [""],
-                "suffix": [""]}
+                "suffix": [""], "plain": [""]}
     runs = [(m, d) for m in args.methods.split(",") for d in drafters[m]]       # several heads: one after another
     conc = [int(x) for x in args.concurrency.split(",")]
     fixed = {m: int(k) for m, k in (p.split(":") for p in args.fixed_k.split(","))}
@@ -221,14 +224,17 @@ async def run(args) -> list[dict]:
     cells = []
     try:
         for method, drafter in runs:
-            k = fixed[method]
+            k = fixed.get(method, 1)
             cost = drafter_cost(model, method, drafter, conc)
             print(f"{method}: drafter {drafter or '-'}; cost c by concurrency "
                   + ", ".join(f"{c}: {v:.3f}" for c, v in cost.items()), flush=True)
             common = dict(method=method, model=drafter, num_speculative_tokens=k,
                           prompt_lookup_min=2, prompt_lookup_max=5)
-            auto = await start(model, SpeculationConfig(k_control="auto", **common))
-            fix = None if args.no_fixed else await start(model, SpeculationConfig(k_control="fixed", **common))
+            if method == "plain":                  # a second plain engine in the auto engine's place: the noise floor
+                auto, fix = await start(model, SpeculationConfig()), None
+            else:
+                auto = await start(model, SpeculationConfig(k_control="auto", **common))
+                fix = None if args.no_fixed else await start(model, SpeculationConfig(k_control="fixed", **common))
             try:
                 for c in conc:                                   # the controller's first minutes of serving
                     await held(auto, work, c, n_of[c], min(64, args.max_tokens), "warm-up")
@@ -301,7 +307,9 @@ def main() -> None:
     ap.add_argument("--draft-model")
     ap.add_argument("--eagle3-head", help="EAGLE-3 head (default: `rollout-service prepare-drafter --kind eagle3`); "
                                           "several, comma-separated, are measured one after another")
-    ap.add_argument("--methods", default="draft_model,eagle3,ngram,suffix")
+    ap.add_argument("--methods", default="draft_model,eagle3,ngram,suffix",
+                    help="speculation methods; 'plain': a second plain engine in the auto engine's place, what two "
+                         "identical engines measure against each other (the noise floor of a cell)")
     ap.add_argument("--fixed-k", default="draft_model:3,eagle3:2,ngram:3,suffix:3",
                     help="each method's fixed k (its best in earlier runs); also the controller's k_max")
     ap.add_argument("--no-fixed", action="store_true",
