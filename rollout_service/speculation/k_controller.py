@@ -57,7 +57,7 @@ import statistics
 from dataclasses import dataclass, field
 
 DRAFTER_OFF = "rollout_drafter_off"     # SchedulerOutput attribute: k = 0 with the drafter switched off (k0_fastpath)
-PAIR_STEPS = 8      # the steps either side of a switch between k = 0 and k > 0 that one paired ratio compares
+PAIR_STEPS = 8      # the steps either side of a switch of k that one paired ratio compares
 PAIRS = 6           # the paired ratios a cell keeps (their median is its T(k)/T(0))
 
 
