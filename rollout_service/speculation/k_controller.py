@@ -215,20 +215,26 @@ class KController:
         runs = self._runs[b]
         run = runs[-1]
         run.paired = True
-        before = runs[0].tail
-        if len(runs) < 2 or min(len(before), len(run.head)) < 3 or run.head[0][0] - before[-1][0] > self.pair_s:
+        if len(runs) < 2:
             return
+        before = runs[0].tail
+        if min(len(before), len(run.head)) < 3 or run.head[0][0] - before[-1][0] > self.pair_s:
+            return
+        old, new = runs[0].k, run.k
         times = {k: statistics.median(self._at_top(b, s, x) for _, s, x in side)
-                 for k, side in ((runs[0].k, before), (run.k, run.head))}
+                 for k, side in ((old, before), (new, run.head))}
         known = {k: self._relative(b, k) for k in times}
-        k = run.k if known[runs[0].k] is not None and run.k else runs[0].k   # the new run's k, unless it is the ref.
-        ref = next(o for o in times if o != k)
+        # the k this pair measures: the new run's against the old one where the old one's ratio is known (k = 0's
+        # always is), else the old run's against the new one
+        k, ref = (new, old) if new and known[old] is not None else (old, new)
         if k and known[ref] is not None:
             self.cells[(b, k)].ratios.append(times[k] / times[ref] * known[ref])
 
     def _relative(self, b: int, k: int) -> float | None:
         """T(b, k)/T(b, 0) from the paired ratios (1 for k = 0; None before any)."""
-        ratios = self.cells[(b, k)].ratios if k else (1.0,)
+        if not k:
+            return 1.0
+        ratios = self.cells[(b, k)].ratios
         return statistics.median(ratios) if ratios else None
 
     def drafter_changed(self, version: int) -> None:
