@@ -1,9 +1,10 @@
 """An open performance model: project rollouts and RL steps onto GPUs from what this machine measures.
 
 One noun per file, read in this order:
-    hardware.py    what a device can do (profiles: this CPU as calibrated, H100 SXM, H200 SXM, GB200; the GPU step
-                   form's constants, fitted to measured H200 steps)
+    hardware.py    what a device can do (profiles: this CPU as calibrated, H100 SXM, H200 SXM, B200, GB200; the GPU
+                   step form's constants, fitted to measured H200 steps)
     model.py       what a transformer moves and computes per step (from its Hugging Face config.json)
+    moe.py         mixtures of experts: experts read per step, expert parallelism's busiest device, the all-to-all
     step.py        one engine step: the time of a plain or speculative step (GPUs: the fitted form; CPU: the
                    calibrated roofline); single step times (simulate --step-table)
     fit.py         a GPU profile fitted to a bench/gpu_step_probe.py file (simulate --hardware-from)

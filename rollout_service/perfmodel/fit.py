@@ -25,7 +25,8 @@ from rollout_service.perfmodel.step import Drafter, step_table
 
 # the shapes a probe file names (kind -> a shipped config); others: a shipped config of that name, or the
 # file's target_shape
-KIND_CONFIGS = {"qwen3-8b": "qwen3-8b", "eagle3-head": "qwen3-8b-eagle3", "qwen3-0.6b": "qwen3-0.6b"}
+KIND_CONFIGS = {"qwen3-8b": "qwen3-8b", "eagle3-head": "qwen3-8b-eagle3", "qwen3-0.6b": "qwen3-0.6b",
+                "qwen3-30b-a3b": "qwen3-30b-a3b"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ def transformer_for(kind: str, data: dict) -> pm.Transformer:
     if s.get("kind") != kind:
         raise SystemExit(f"{kind}: no shipped config of that name (perfmodel/configs) and no target_shape for it")
     return pm.Transformer(name=kind, layers=s["layers"], hidden=s["hidden"], heads=s["heads"],
-                          kv_heads=s["kv_heads"], head_dim=s["head_dim"], intermediate=s["mlp"], vocab=s["vocab"])
+                          kv_heads=s["kv_heads"], head_dim=s["head_dim"], intermediate=s["mlp"], vocab=s["vocab"],
+                          experts=s.get("experts", 0), experts_per_tok=s.get("experts_per_tok", 0),
+                          expert_intermediate=s.get("expert_intermediate", 0))     # bench/moe_step_probe.py
 
 
 def read(path: str | Path) -> Probe:

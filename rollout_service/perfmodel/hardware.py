@@ -1,6 +1,7 @@
 """Hardware profiles: what one device can move and compute per second, and what a step costs regardless.
 
-Published peaks are the datasheets'. How a GPU's step time follows from them (step.py) is a form fitted to measured
+Published peaks are the datasheets' (B200: to check the model against figures published for it). How a GPU's
+step time follows from them (step.py) is a form fitted to measured
 H200 steps (GPU_FIT below, the one place its constants live, with their source); what vLLM adds outside the GPU's
 kernels is this model's assumption (GPU_ASSUMPTIONS). The CPU profile keeps the plain roofline
 max(bytes / (mem_bw * mem_eff), FLOPs / (flops * flop_eff)) + overhead, every field fitted to a calibration file
@@ -54,6 +55,8 @@ class Hardware:
     flop_eff: float = 1.0       # achievable fraction of flops in decode-sized matmuls
     train_mfu: float = 0.35     # model FLOP utilisation of training (6 N FLOPs per token + 2 N to recompute)
     bytes_per_param: float = 2.0
+    nvlink_domain: int = 8      # devices that reach each other at link_bw (an HGX board: 8; GB200 NVL72: 72); an
+                                # expert-parallel all-to-all over more crosses the NIC (push_bw)
     # calibrated only (CPU): measured drafter step seconds by method, (fixed, per sequence), replacing the
     # roofline of the drafter; and what a speculative step costs beyond verifying and drafting.
     draft_steps: dict = field(default_factory=dict)
@@ -117,7 +120,19 @@ GB200 = Hardware(
     mem_bytes=186e9,     # same: 13.4 TB HBM3e over 72 GPUs
     link_bw=900e9,       # same: NVLink 5, 1.8 TB/s per GPU (bidirectional) -> 900 GB/s per direction
     push_bw=100e9,       # ConnectX-8 800 Gb/s per GPU (GB200 NVL72 compute tray) = 100 GB/s
+    nvlink_domain=72,    # same: one NVLink domain of 72 GPUs (NVLink Switch)
     source="NVIDIA GB200 NVL72 datasheet (per-rack figures / 72 GPUs); ConnectX-8 SuperNIC",
+    **GPU_ASSUMPTIONS)
+
+B200 = Hardware(
+    name="b200",
+    mem_bw=8e12,         # NVIDIA HGX B200 datasheet: 64 TB/s HBM3e over 8 GPUs = 8 TB/s per GPU
+    flops=2.25e15,       # same: FP16/BF16 Tensor Core 36 PFLOPS with sparsity over 8 GPUs: 4.5 -> 2.25 PF dense
+    mem_bytes=180e9,     # same: 1,440 GB over 8 GPUs (DGX B200)
+    link_bw=900e9,       # same: NVLink 5, 1.8 TB/s per GPU (bidirectional) -> 900 GB/s per direction
+    push_bw=50e9,        # ConnectX-7 400 Gb/s per GPU (DGX B200) = 50 GB/s
+    source="NVIDIA HGX B200 / DGX B200 datasheets (per-board figures / 8 GPUs); ConnectX-7; the GB200 NVL72 rack's "
+           "GPU with 8 instead of 72 GPUs per NVLink domain",
     **GPU_ASSUMPTIONS)
 
 
@@ -139,7 +154,7 @@ def default_calibration() -> Path:
     return Path(__file__).resolve().parents[2] / "bench" / "results" / "cpu_calibration.json"
 
 
-PROFILES = {"h100": H100_SXM, "h200": H200, "gb200": GB200}
+PROFILES = {"h100": H100_SXM, "h200": H200, "b200": B200, "gb200": GB200}
 
 
 def get(name: str, calibration: str | Path | None = None) -> Hardware:
@@ -154,5 +169,5 @@ def get(name: str, calibration: str | Path | None = None) -> Hardware:
     return PROFILES[name]
 
 
-__all__ = ["GB200", "GPU_FIT", "H100_SXM", "H200", "PROFILES", "Hardware", "StepFit", "cpu_from_calibration", "get",
-           "replace"]
+__all__ = ["B200", "GB200", "GPU_FIT", "H100_SXM", "H200", "PROFILES", "Hardware", "StepFit", "cpu_from_calibration",
+           "get", "replace"]

@@ -58,14 +58,19 @@ PUSH_PATHS = {"nccl": (8.25e9, True), "ipc": (165e9, True), "stream": (0.3e9, Fa
               "link": (None, True)}
 
 
-def push_seconds(policy: Transformer, hw: Hardware, tp: int = 1, path: str = "link") -> float:
-    """Seconds to move the policy's weights into an engine by `path` (PUSH_PATHS)."""
+def push_seconds(policy: Transformer, hw: Hardware, tp: int = 1, path: str = "link", ep: int = 1) -> float:
+    """Seconds to move the policy's weights into an engine by `path` (PUSH_PATHS); a per-device path moves each
+    device's share in parallel (step.device_weight_bytes: with expert parallelism, its experts and dense shard)."""
+    from rollout_service.perfmodel.step import device_weight_bytes
+
     rate, per_device = PUSH_PATHS[path]
     if rate is None:
         rate = hw.push_bw
     elif path == "nccl":
         rate = min(rate, hw.push_bw)
-    return policy.params() * hw.bytes_per_param / ((tp if per_device else 1) * rate)
+    if per_device:
+        return device_weight_bytes(policy, hw.bytes_per_param, tp, ep) / rate
+    return policy.params() * hw.bytes_per_param / rate
 
 
 def rl_step(mode: str, generate_drain_s: float, generate_full_s: float, train_s: float, push_s: float,

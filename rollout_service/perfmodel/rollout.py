@@ -30,15 +30,16 @@ def mean_length(acceptance: list[float], k: int) -> float:
 
 @dataclass
 class Engine:
-    """One engine serving `policy` with `drafter` on tp devices of `hw`."""
+    """One engine serving `policy` with `drafter` on tp devices of `hw` (a MoE policy: max(tp, ep), step.py)."""
     policy: Transformer
     hw: Hardware
     drafter: Drafter | None = None
     acceptance: list[float] = field(default_factory=list)
     tp: int = 1
+    ep: int = 1
 
     def step(self, batch: int, k: int, context: float) -> float:
-        return spec_step(self.policy, self.drafter, self.hw, batch, k, context, self.tp)
+        return spec_step(self.policy, self.drafter, self.hw, batch, k, context, self.tp, self.ep)
 
     def rate(self, batch: int, k: int, context: float) -> float:
         """Tokens per second of the engine at `batch` sequences drafting k."""
@@ -53,7 +54,7 @@ class Engine:
         return max(range(k_max + 1), key=lambda k: self.rate(batch, k, context))
 
     def bound(self, batch: int, context: float) -> str:
-        return forward(self.policy, self.hw, batch, 1, context, self.tp).bound
+        return forward(self.policy, self.hw, batch, 1, context, self.tp, ep=self.ep).bound
 
 
 def lognormal_lengths(n: int, mean: float, sigma: float, cap: int) -> list[int]:
@@ -94,7 +95,7 @@ def drain(eng: Engine, lengths: list[int], prompt_len: int, concurrency: int, k:
         while waiting and len(active) < concurrency:
             new.append([float(waiting.pop()), float(prompt_len)])
         if new:
-            t += forward(eng.policy, eng.hw, len(new), prompt_len, prompt_len / 2, eng.tp).seconds
+            t += forward(eng.policy, eng.hw, len(new), prompt_len, prompt_len / 2, eng.tp, ep=eng.ep).seconds
             active += new
         b = len(active)
         ctx = sum(a[1] for a in active) / b

@@ -16,7 +16,8 @@ from rollout_service.perfmodel import acceptance as acc
 from rollout_service.perfmodel import hardware, model, report
 from rollout_service.perfmodel.rl import PUSH_PATHS, push_seconds, rl_step, train_seconds
 from rollout_service.perfmodel.rollout import Engine, drain, lognormal_lengths, mean_length, steady_context
-from rollout_service.perfmodel.step import Drafter, step_table
+from rollout_service.perfmodel.moe import distinct_experts
+from rollout_service.perfmodel.step import Drafter, data_groups, device_weight_bytes, devices, step_table
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--from-metrics", metavar="PATH", help="read it from a trainer's metrics.jsonl (draft_acceptance)")
     p.add_argument("--k-max", type=int, default=7)
     p.add_argument("--tp", type=int, help="devices per engine (default: the fewest powers of two holding the weights)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="MoE policies: spread the experts over this many devices by expert parallelism, attention "
+                        "data-parallel over ep / tp groups (an engine is then ep devices; up to 72 in one GB200 NVL72 "
+                        "NVLink domain; each MoE layer adds an all-to-all); default 1: experts split by tp like the "
+                        "rest (perfmodel/moe.py)")
     p.add_argument("--concurrency", default="1,8,32,64,128,256", help="batch sizes of the speedup table")
     p.add_argument("--prompts", type=int, default=128, help="prompts per RL step")
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
@@ -73,10 +79,11 @@ def profile(args) -> hardware.Hardware:
     return hardware.get(args.hardware, args.calibration)
 
 
-def auto_tp(policy: model.Transformer, hw: hardware.Hardware) -> int:
-    """The fewest powers of two of devices holding the weights in 60% of their memory."""
+def auto_tp(policy: model.Transformer, hw: hardware.Hardware, ep: int = 1) -> int:
+    """The fewest powers of two of devices holding the weights in 60% of their memory (with expert parallelism:
+    each device's experts and its tp share of the rest)."""
     tp = 1
-    while policy.params() * hw.bytes_per_param > 0.6 * hw.mem_bytes * tp:
+    while device_weight_bytes(policy, hw.bytes_per_param, tp, max(ep, tp)) > 0.6 * hw.mem_bytes and tp < 1024:
         tp *= 2
     return tp
 
@@ -101,7 +108,8 @@ def run_step_table(args) -> int:
     drafter = None
     if dm is not None:
         drafter = Drafter(args.method or ("eagle3" if dm.eagle3 else "draft_model"), dm)
-    result = step_table(policy, hw, parse_step_table(args.step_table), drafter, args.tp or auto_tp(policy, hw))
+    result = step_table(policy, hw, parse_step_table(args.step_table), drafter,
+                        args.tp or auto_tp(policy, hw, args.ep), args.ep)
     if args.json == "-":
         print(json.dumps(result))
         return 0
@@ -132,10 +140,11 @@ def build(args) -> dict:
         a, source = acc.from_status(args.from_status), f"GetStatus of {args.from_status}"
     else:
         a, source = acc.from_metrics(args.from_metrics), f"{args.from_metrics}"
-    tp = args.tp or auto_tp(policy, hw)
+    tp, ep = args.tp or auto_tp(policy, hw, args.ep), args.ep
+    dev, groups = devices(tp, ep, policy), data_groups(tp, ep, policy)
     drafter = Drafter(method, dm if method != "ngram" else None)
-    eng = Engine(policy, hw, drafter, a, tp)
-    plain = Engine(policy, hw, None, [], tp)
+    eng = Engine(policy, hw, drafter, a, tp, ep)
+    plain = Engine(policy, hw, None, [], tp, ep)
     n_seq = args.prompts * args.group
     lengths = lognormal_lengths(n_seq, args.mean_output, args.output_sigma, args.max_tokens)
     ctx = steady_context(lengths, args.prompt_len)
@@ -143,12 +152,17 @@ def build(args) -> dict:
     rows = []
     for b in (int(x) for x in args.concurrency.split(",")):
         best = eng.best_k(b, ctx, args.k_max)
-        mem = (policy.params() * hw.bytes_per_param + b * ctx * policy.kv_bytes_per_token()) / tp
-        rows.append({"concurrency": b, "bound": plain.bound(b, ctx), "plain_tok_s": round(plain.rate(b, 0, ctx), 1),
-                     "memory_gb_per_device": round(mem / 1e9, 1), "fits": mem <= 0.9 * hw.mem_bytes,
-                     "step_ms": [round(eng.step(b, k, ctx) * 1e3, 3) for k in ks],
-                     "speedup": [round(eng.speedup(b, k, ctx), 3) for k in ks],
-                     "best_k": best, "best_speedup": round(eng.speedup(b, best, ctx), 3)})
+        mem = (device_weight_bytes(policy, hw.bytes_per_param, tp, ep)
+               + b * ctx * policy.kv_bytes_per_token() / (policy.kv_shards(tp) * groups))
+        row = {"concurrency": b, "bound": plain.bound(b, ctx), "plain_tok_s": round(plain.rate(b, 0, ctx), 1),
+               "memory_gb_per_device": round(mem / 1e9, 1), "fits": mem <= 0.9 * hw.mem_bytes,
+               "step_ms": [round(eng.step(b, k, ctx) * 1e3, 3) for k in ks],
+               "speedup": [round(eng.speedup(b, k, ctx), 3) for k in ks],
+               "best_k": best, "best_speedup": round(eng.speedup(b, best, ctx), 3)}
+        if policy.experts:                    # experts read per MoE layer by a step verifying k drafts
+            row["experts_read"] = [round(distinct_experts(policy.experts, policy.experts_per_tok, b * (k + 1)), 1)
+                                   for k in ks]
+        rows.append(row)
     # one engine's share of the RL batch, draining; engines are identical
     share = lengths[:: max(1, args.engines)] if args.engines > 1 else lengths
     share_tokens = sum(share)
@@ -162,10 +176,10 @@ def build(args) -> dict:
             f"k={fixed_k}": share_tokens / eng.rate(full_b, fixed_k, ctx),
             "auto": share_tokens / eng.rate(full_b, eng.best_k(full_b, ctx, args.k_max), ctx)}
     tokens = n_seq * (args.prompt_len + args.mean_output)
-    train_gpus = args.train_gpus or args.engines * tp
+    train_gpus = args.train_gpus or args.engines * dev
     train_s = train_seconds(policy, hw, tokens, train_gpus, args.train_s_per_token)
-    push_s = push_seconds(policy, hw, tp, args.push_path)
-    pause_s = policy.params() * hw.bytes_per_param / tp / (hw.mem_bw * hw.mem_eff)
+    push_s = push_seconds(policy, hw, tp, args.push_path, ep)
+    pause_s = device_weight_bytes(policy, hw.bytes_per_param, tp, ep) / (hw.mem_bw * hw.mem_eff)
     rl = []
     for spec in ("off", f"k={fixed_k}", "auto"):
         d = drains[spec]
@@ -180,7 +194,10 @@ def build(args) -> dict:
                      "overhead_s": hw.overhead_s, "draft_overhead_s": hw.draft_overhead_s, "mem_eff": hw.mem_eff,
                      "flop_eff": hw.flop_eff, "train_mfu": hw.train_mfu,
                      "step_fit": ({k: v for k, v in vars(hw.fit).items()} if hw.fit else None)},
-        "policy": {"name": policy.name, "params": policy.params(), "active_params": policy.active_params(), "tp": tp},
+        "policy": {"name": policy.name, "params": policy.params(), "active_params": policy.active_params(), "tp": tp,
+                   **({"ep": ep, "devices": dev, "experts": policy.experts, "experts_per_tok": policy.experts_per_tok,
+                       "moe_layers": policy.moe_layers(), "card_active_params": policy.card_active_params()}
+                      if policy.experts else {})},
         "drafter": {"method": method, "name": dm.name if dm else None, "params": dm.params() if dm else 0},
         "acceptance": {"per_position": a, "source": source,
                        "mean_length": [round(mean_length(a, k), 3) for k in ks]},
