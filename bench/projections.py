@@ -10,6 +10,14 @@ flight). Writes each run's JSON (<scenario>-<hardware>.json), the plot of the de
 summary.json / projections.txt: speedup at k = 3 and at the best k by concurrency, the rollout batch, the RL step.
 An older model's summary (run this script with that model first on PYTHONPATH, --out-dir elsewhere) is read by
 --before; a profile the older model lacks is stood in for as its H100 profile with the other's bandwidth and memory.
+
+    .venv/bin/python bench/projections.py --moe      # the mixture-of-experts projections instead (issue 42)
+
+--moe: Qwen3-30B-A3B and Qwen3-235B-A22B on one GB200 NVL72 rack (72 GPUs) with and without speculation (EAGLE-3,
+per-token acceptance 0.62, k fixed and chosen per step), engines of tp devices or of ep devices (expert parallelism,
+attention data-parallel), sync and async RL; each beside a dense model of the same active size (what a verify pass
+costs when it reads no more weights than a plain step); and the model against published MoE decode figures
+(PUBLISHED below, each with its source). Writes moe-<scenario>.json, moe_summary.json and moe_projections.txt.
 """
 from __future__ import annotations
 
@@ -31,6 +39,49 @@ SCENARIOS = {
                                "--max-concurrency", "512"],
 }
 STANDIN = {"h200": {"mem_bw": 4.8e12, "mem_bytes": 141e9}}
+
+# One GB200 NVL72 rack (72 GPUs), 512 prompts x 16 samples; EAGLE-3 at per-token acceptance 0.62 (our guess, the
+# seed paper's 235B scenario above). Engines: tp devices each (ep = tp), or ep devices with attention data-parallel.
+RACK = ["--hardware", "gb200", "--prompts", "512", "--group", "16", "--acceptance", "0.62"]
+A3B = ["--policy-config", "qwen3-30b-a3b", "--drafter-config", "qwen3-30b-a3b-eagle3"]
+A22B = ["--policy-config", "qwen3-235b-a22b", "--drafter-config", "qwen3-8b-eagle3"]
+MOE_SCENARIOS = {
+    "qwen3-30b-a3b-tp1": [*A3B, "--tp", "1", "--engines", "72", "--concurrency", "1,8,32,64,128,256"],
+    "qwen3-30b-a3b-ep8": [*A3B, "--tp", "1", "--ep", "8", "--engines", "9", "--max-concurrency", "2048",
+                          "--concurrency", "8,64,256,512,1024,2048"],
+    "qwen3-235b-a22b-tp8": [*A22B, "--tp", "8", "--engines", "9", "--max-concurrency", "1024",
+                            "--concurrency", "1,8,64,256,512,1024"],
+    "qwen3-235b-a22b-ep72": [*A22B, "--tp", "1", "--ep", "72", "--engines", "1", "--max-concurrency", "9216",
+                             "--concurrency", "72,576,2304,4608,9216"],
+}
+# the same active shape with a dense MLP (8 x 768 = 6144 wide; 8 x 1536 = 12288): a verify reads no more weights
+DENSE_TWINS = {"qwen3-30b-a3b": {"experts": 0, "experts_per_tok": 0, "expert_intermediate": 0, "intermediate": 6144},
+               "qwen3-235b-a22b": {"experts": 0, "experts_per_tok": 0, "expert_intermediate": 0,
+                                   "intermediate": 12288}}
+
+# Published decode figures (bf16 unless said). ML.ENERGY Leaderboard v3 (https://ml.energy/leaderboard; data
+# github.com/ml-energy/leaderboard, public/data/tasks/lm-arena-chat.json at commit 0cd52da, 2026-02-27): vLLM at a
+# fixed batch in steady state on LM Arena chat prompts (mean output ~870 tokens; prompts not given: context taken as
+# 1,000 tokens); the median inter-token latency is one engine step, prefills of arriving requests included.
+# (model, hardware, GPUs, tp, ep, batch, median ITL ms, output tok/s)
+MLENERGY = [("qwen3-8b", "h100", 1, 1, 1, 8, 8.20, 962), ("qwen3-8b", "h100", 1, 1, 1, 64, 13.95, 4315),
+            ("qwen3-8b", "h100", 1, 1, 1, 256, 31.36, 7719),
+            ("qwen3-30b-a3b", "h100", 1, 1, 1, 8, 12.85, 611), ("qwen3-30b-a3b", "h100", 1, 1, 1, 32, 22.57, 1394),
+            ("qwen3-30b-a3b", "h100", 1, 1, 1, 64, 28.94, 2164),
+            ("qwen3-30b-a3b", "h100", 2, 2, 2, 8, 9.36, 831), ("qwen3-30b-a3b", "h100", 2, 2, 2, 64, 18.70, 3290),
+            ("qwen3-30b-a3b", "h100", 2, 2, 2, 256, 34.58, 7154),
+            ("qwen3-30b-a3b", "b200", 1, 1, 1, 8, 8.24, 910), ("qwen3-30b-a3b", "b200", 1, 1, 1, 64, 19.32, 2907),
+            ("qwen3-30b-a3b", "b200", 1, 1, 1, 256, 26.27, 8872),
+            ("qwen3-235b-a22b", "h100", 8, 8, 8, 8, 20.24, 388), ("qwen3-235b-a22b", "h100", 8, 8, 8, 64, 40.34, 1548),
+            ("qwen3-235b-a22b", "h100", 8, 8, 8, 228, 55.48, 3696),
+            ("qwen3-235b-a22b", "b200", 8, 8, 8, 8, 16.56, 469), ("qwen3-235b-a22b", "b200", 8, 8, 8, 64, 32.99, 1877),
+            ("qwen3-235b-a22b", "b200", 8, 8, 8, 256, 43.47, 5403)]
+MLENERGY_CONTEXT = 1000
+# LMSYS, DeepSeek-V3/R1 on GB200 NVL72, prefill-decode disaggregated, decode on 12 nodes (48 GPUs, DP attention,
+# EP 48), 2,000-token inputs, no MTP; batch per GPU not given in the posts' text: the model answers at what batch per
+# GPU it reaches the figure and whether that batch's KV cache fits. (label, tok/s per GPU, weight bytes per param)
+LMSYS = [("Part I (2025-06-16, FP8 GEMMs): https://lmsys.org/blog/2025-06-16-gb200-part-1/", 7583, 1.0),
+         ("Part II (2025-09-25, BF16 attention, FP8 MoE): https://lmsys.org/blog/2025-09-25-gb200-part-2/", 9087, 1.0)]
 
 
 def summarise(r: dict) -> dict:
@@ -73,14 +124,115 @@ def fmt(d: dict, keys, before: dict | None = None, spec: str = "{:.2f}") -> str:
     return "  ".join(out)
 
 
+def moe_scenario(name: str, argv: list[str], out: Path) -> tuple[list[str], dict]:
+    """One MoE scenario: its simulate run, the dense twin's speedups beside it, and its lines of the text."""
+    from rollout_service.perfmodel import model, report, simulate
+    from rollout_service.perfmodel.rollout import Engine
+    from rollout_service.perfmodel.step import Drafter
+
+    ap = argparse.ArgumentParser()
+    simulate.add_args(ap)
+    args = ap.parse_args([*RACK, *argv])
+    r = simulate.build(args)
+    report.write_json(r, out / f"moe-{name}.json")
+    pol, policy = r["policy"], model.load(args.policy_config)
+    twin = replace(policy, name=policy.name + "-dense-twin", **DENSE_TWINS[policy.name])
+    hw = simulate.profile(args)
+    eng = Engine(twin, hw, Drafter("eagle3", model.load(args.drafter_config)), [0.62], pol["tp"])
+    ctx = r["workload"]["mean_context"]
+    dev = pol.get("devices", pol["tp"])
+    groups = dev // pol["tp"]                     # the twin's attention replicas serve batch / groups each
+    rows = r["by_concurrency"]
+    rl = {f"{x['speculation']} {x['mode'].split()[0]}": x["speedup_vs_sync_off"] for x in r["rl"]}
+    summary = {"devices_per_engine": dev, "engines": r["workload"]["engines"],
+               "concurrency": [x["concurrency"] for x in rows],
+               "plain_tok_s_per_gpu": [round(x["plain_tok_s"] / dev) for x in rows],
+               "speedup_k3": [x["speedup"][3] for x in rows], "best_k": [x["best_k"] for x in rows],
+               "best_speedup": [x["best_speedup"] for x in rows],
+               "experts_read_k0_k3": [(x["experts_read"][0], x["experts_read"][3]) for x in rows],
+               "dense_twin_speedup_k3": [round(eng.speedup(-(-x["concurrency"] // groups), 3, ctx), 3) for x in rows],
+               "rollout": {k: v["speedup"] for k, v in r["rollout"].items() if k in ("k=3", "auto")},
+               "rollout_seconds_off": r["rollout"]["off"]["seconds"], "rl_vs_sync_off": rl}
+    lines = ["", f"{name}: {pol['name']}, {summary['engines']} engines x {dev} GPUs (tp {pol['tp']}, ep "
+                 f"{pol.get('ep', 1)}), mean context {ctx:.0f}",
+             "  sequences/engine     " + "  ".join(f"{c:>6}" for c in summary["concurrency"]),
+             "  plain tok/s/GPU      " + "  ".join(f"{c:>6}" for c in summary["plain_tok_s_per_gpu"]),
+             "  experts read k=0/3   " + "  ".join(f"{a:.0f}/{b:.0f}".rjust(6)
+                                                   for a, b in summary["experts_read_k0_k3"]),
+             "  speedup k=3          " + "  ".join(f"{c:>6.2f}" for c in summary["speedup_k3"]),
+             "  dense twin, k=3      " + "  ".join(f"{c:>6.2f}" for c in summary["dense_twin_speedup_k3"]),
+             "  best k (speedup)     " + "  ".join(f"{k}:{v:.2f}".rjust(6)
+                                                   for k, v in zip(summary["best_k"], summary["best_speedup"])),
+             f"  rollout batch: off {summary['rollout_seconds_off']:.0f} s; speedup k=3 "
+             f"{summary['rollout']['k=3']:.2f}, k per step {summary['rollout']['auto']:.2f}",
+             "  RL step vs sync off: " + ", ".join(f"{k} {v:.2f}" for k, v in rl.items())]
+    return lines, summary
+
+
+def published() -> tuple[list[str], list[dict]]:
+    """The model against published decode figures (MLENERGY, LMSYS)."""
+    from rollout_service.perfmodel import hardware, model
+    from rollout_service.perfmodel.step import device_weight_bytes, spec_step
+
+    rows, lines = [], ["", "published decode figures against the model (ratio = model / published)",
+                       "  ML.ENERGY v3 (vLLM, bf16): median inter-token latency ms at a fixed batch, context "
+                       f"{MLENERGY_CONTEXT}"]
+    for name, hw_name, gpus, tp, ep, batch, itl_ms, tok_s in MLENERGY:
+        m, hw = model.load(name), hardware.get(hw_name)
+        ms = spec_step(m, None, hw, batch, 0, MLENERGY_CONTEXT, tp, ep) * 1e3
+        rows.append({"source": "ml.energy v3", "model": name, "hardware": hw_name, "gpus": gpus, "tp": tp, "ep": ep,
+                     "batch": batch, "published_ms": itl_ms, "model_ms": round(ms, 2), "ratio": round(ms / itl_ms, 2),
+                     "published_tok_s": tok_s})
+        lines.append(f"  {name:<16} {hw_name:<5} {gpus} GPU tp {tp} batch {batch:>3}: published {itl_ms:6.2f} ms, "
+                     f"model {ms:6.2f} ms, ratio {ms / itl_ms:.2f}")
+    ds = model.load("deepseek-v3")
+    lines.append("  LMSYS, DeepSeek-V3 decode on GB200 NVL72 (48 GPUs, EP 48, DP attention, 2,000-token inputs):")
+    for label, tok_s, bpp in LMSYS:
+        hw = replace(hardware.GB200, bytes_per_param=bpp)
+        found = None
+        for per_gpu in range(8, 1025, 8):
+            b = per_gpu * 48
+            if b / spec_step(ds, None, hw, b, 0, 2050, 1, 48) / 48 >= tok_s:
+                found = per_gpu
+                break
+        kv = None if found is None else found * 2050 * ds.kv_bytes_per_token() / 1e9
+        weights = device_weight_bytes(ds, bpp, 1, 48) / 1e9
+        rows.append({"source": label, "model": "deepseek-v3", "hardware": "gb200", "gpus": 48, "tp": 1, "ep": 48,
+                     "published_tok_s_per_gpu": tok_s, "batch_per_gpu_to_reach": found,
+                     "kv_gb_per_gpu": kv and round(kv, 1), "weights_gb_per_gpu": round(weights, 1)})
+        lines.append(f"    {tok_s} tok/s/GPU ({label.split(':')[0]}): the model reaches it at "
+                     + (f"{found} sequences per GPU (KV {kv:.0f} GB + weights {weights:.0f} GB per GPU)" if found
+                        else "no batch up to 1024 per GPU"))
+    return lines, rows
+
+
+def moe_main(out: Path) -> None:
+    lines = ["Mixtures of experts on one GB200 NVL72 rack (72 GPUs), 512 prompts x 16 samples, EAGLE-3 at a = 0.62",
+             "(bench/projections.py --moe; experts read = per MoE layer by a plain step / a k = 3 verify, of 128)"]
+    summary = {}
+    for name, argv in MOE_SCENARIOS.items():
+        more, summary[name] = moe_scenario(name, argv, out)
+        lines += more
+    more, summary["published"] = published()
+    lines += more
+    (out / "moe_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    text = "\n".join(lines) + "\n"
+    (out / "moe_projections.txt").write_text(text)
+    print(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hardware", default="gb200,h100,h200")
     ap.add_argument("--out-dir", default="bench/results/perfmodel")
     ap.add_argument("--before", help="an earlier run's summary.json: each figure is followed by it in brackets")
+    ap.add_argument("--moe", action="store_true", help="the mixture-of-experts projections and published check")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.moe:
+        moe_main(out)
+        return
     summary = {}
     for hw in args.hardware.split(","):
         for name, argv in SCENARIOS.items():
