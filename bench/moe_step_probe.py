@@ -8,6 +8,9 @@ to it (`rollout-service simulate --hardware-from FILE`, perfmodel/fit.py: the fi
         [--layers 48] [--batches 1,2,4,8,16,32,64,128,256] [--widths 1,4] [--contexts 512] [--impl auto]
     python bench/moe_step_probe.py --smoke [--out FILE]   # tiny shapes on the CPU, eager, float32: seconds
 
+The 48 layers' weights take 61 GB: on an 80 GB GPU the batch-256 cells do not fit beside them (skipped, counted);
+--layers 24 keeps them (the file's target_shape says how many layers, and the fit prices per layer).
+
 Writes (the form of bench/gpu_step_probe.py's files, which perfmodel/fit.py reads):
 - `env`, `copies`: the device's copy and matmul rates (gpu_step_probe.env_rates).
 - `cells`: one decoding step of the whole model for `batch` sequences, `width` new tokens each (k + 1 for a verify of

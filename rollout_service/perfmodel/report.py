@@ -8,8 +8,9 @@ from pathlib import Path
 def table(r: dict) -> str:
     hw, pol, dr, a, w = r["hardware"], r["policy"], r["drafter"], r["acceptance"], r["workload"]
     k_max = len(a["mean_length"]) - 1
-    ep = (f", ep {pol['ep']}: {pol['devices']} devices per engine, {pol['experts']} experts "
-          f"top-{pol['experts_per_tok']}" if pol.get("devices") else "")
+    ep = "" if not pol.get("experts") else (
+        f", {pol['experts']} experts top-{pol['experts_per_tok']}"
+        + (f", ep {pol['ep']}: {pol['devices']} devices per engine" if pol["devices"] != pol["tp"] else ""))
     out = [(f"{pol['name']} ({pol['params'] / 1e9:.1f}B, {pol['active_params'] / 1e9:.1f}B active, tp {pol['tp']}{ep}) "
            f"on {hw['name']}; drafter {dr['method']} {dr['name'] or ''}"),
            (f"acceptance per position {', '.join(f'{x:.2f}' for x in a['per_position'])} ({a['source']}); "

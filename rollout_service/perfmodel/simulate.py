@@ -6,6 +6,8 @@
         --step-table 1:1:512,64:4:2048 --json -        # single step times: {"steps": [{batch, width, context,
                                                        # seconds, draft_seconds}]}
     --hardware-from FILE: a profile fitted to a bench/gpu_step_probe.py file instead of --hardware (perfmodel/fit.py)
+    rollout-service simulate --hardware gb200 --policy-config qwen3-235b-a22b --drafter-config qwen3-8b-eagle3 \
+        --acceptance 0.62 --tp 1 --ep 72 --engines 1 --max-concurrency 9216   # MoE: experts over an NVL72 domain
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration",
                    help="cpu: bench/calibrate_cpu.py's JSON (default bench/results/cpu_calibration.json)")
     p.add_argument("--policy-config", required=True,
-                   help="the policy's config.json (or its directory, or a shipped name: qwen3-8b, qwen3-235b-a22b)")
+                   help="the policy's config.json (or its directory, or a shipped name: qwen3-8b, qwen3-14b, "
+                        "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3)")
     p.add_argument("--drafter-config", help="the drafter's config.json (EAGLE-3 head or draft model; shipped: "
                                             "qwen3-8b-eagle3); none with --method ngram")
     p.add_argument("--method", choices=["eagle3", "draft_model", "ngram"],
