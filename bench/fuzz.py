@@ -6,13 +6,18 @@ seeded sample of the same cases in CI).
 Starts `rollout-service serve` on a tiny model (or the given one) with --weights-root pointing at a folder of
 hostile entries (a FIFO, a socket and a directory named *.safetensors, symlinks to /dev/zero and out of the
 root, garbage and empty files, a copy of the served checkpoint), then sends --calls calls spread over every
-RPC (Generate, GetStatus, PushWeights, UpdateDraft, LoadWeights, ScaleEngines, grpc.health.v1 Check), each
-one of: random bytes, a valid message with flipped bits, random field values, and for LoadWeights hostile
-paths (devices, FIFOs, /proc files, directories, symlinks out of the roots, very long and NUL-containing
-paths). It fails (exit 1) on any UNKNOWN or INTERNAL answer, a call without a message, the service not
-ready at a check (every 100 calls), or a seeded Generate that differs after the run from before it.
+RPC (Generate, GetStatus, PushWeights, UpdateDraft, LoadWeights, ScaleEngines, InitWeightTransfer,
+TransferWeights, CloseWeightTransfer, grpc.health.v1 Check), each one of: random bytes, a valid message with
+flipped bits, random field values, for LoadWeights hostile paths (devices, FIFOs, /proc files, directories,
+symlinks out of the roots, very long and NUL-containing paths), and for InitWeightTransfer hostile rendezvous
+addresses (schemes, ports, paths, addresses the engines may not reach, ports where the service's own HTTP
+server listens, NaN and huge timeouts) and set-ups nobody completes (each must end at its timeout). It fails
+(exit 1) on any UNKNOWN or INTERNAL answer, a call without a message, a set-up that outlasts its timeout, the
+service not ready at a check (every 100 calls), or a seeded Generate that differs after the run from before it.
 ScaleEngines payloads that would start engines (2..64) are skipped and counted: starting engines is what
-the RPC is for, and each costs a minute and a GB here. Prints a markdown table of answers per RPC and status.
+the RPC is for, and each costs a minute and a GB here; so are InitWeightTransfer payloads the server would
+accept with a timeout above 3 s (each would wait it out). Prints a markdown table of answers per RPC and
+status.
 """
 from __future__ import annotations
 
@@ -181,8 +186,61 @@ def random_load(rng, paths: list[str]) -> pb.LoadWeightsRequest:
                                  in_flight=rng.choice([0, 1, 2, 3, 9]), target=rng.choice([0, 1, 2, 7]))
 
 
+HOSTS = ["127.0.0.1:80", "127.0.0/1", "http://127.0.0.1", "12?.0,0.1", "", "[::1]", "127.0.0", "localhost:1",
+         "10.255.255.1", "8.8.8.8", "169.254.169.254", "example.invalid", "a" * 300, "-x", "127.0.0.1/8"]
+WAIT_S = 3.0          # the longest set-up a fuzzed call may wait for (longer ones are skipped, as are scale-outs)
+
+
+def random_init(rng, busy_ports) -> pb.WeightTransferInit:
+    """Every field of InitWeightTransfer as a hostile caller would fill it: hosts with schemes, ports, paths,
+    unroutable or metadata addresses; ports out of range or where another server listens; NaN and huge
+    timeouts; huge rank counts."""
+    return pb.WeightTransferInit(
+        backend=rng.choice(["", "auto", "gloo", "nccl", "none", random_text(rng)]),
+        master_address=rng.choice(HOSTS + ["127.0.0.1", "::1", "localhost", random_text(rng)]),
+        master_port=rng.choice([0, 1, 65535, 65536, 2**32 - 1, abs(weird_int(rng)), *busy_ports]),
+        trainer_ranks=rng.choice([0, 1, 2, 1025, 4097, 2**32 - 1]),
+        timeout_s=rng.choice([weird_float(rng), 0.5, 1.0, 1e308, -0.0]))
+
+
+def valid_init(rng, busy_ports) -> pb.WeightTransferInit:
+    """A set-up nobody completes (nothing listens at the port, or another server does): it ends at its timeout."""
+    port = rng.choice([_free_port(), *busy_ports])
+    return pb.WeightTransferInit(master_address="127.0.0.1", master_port=port, trainer_ranks=rng.choice([0, 1, 2]),
+                                 timeout_s=rng.choice([0.5, 1.0]))
+
+
+def random_transfer(rng) -> pb.TransferRequest:
+    return pb.TransferRequest(
+        version=weird_int(rng, 62), target=rng.choice([0, 1, 2, 7]), in_flight=rng.choice([0, 1, 2, 3, 9]),
+        partial=rng.random() < 0.5, group_id=rng.choice(["", random_text(rng), "0" * 12]),
+        tensors=[pb.TensorMeta(name=rng.choice(["model.norm.weight", "lm_head.weight", random_text(rng)]),
+                               dtype=rng.choice(["float32", "bfloat16", "", random_text(rng)]),
+                               shape=[weird_int(rng) for _ in range(rng.randint(0, 3))],
+                               src_rank=rng.choice([0, 1, 2**32 - 1]))
+                 for _ in range(rng.randint(0, 3))])
+
+
+def would_wait(data: bytes) -> bool:
+    """An InitWeightTransfer the server would accept with a long timeout (0: the server's, 120 s): skipped."""
+    from rollout_service.validation import host_problem
+
+    try:
+        m = pb.WeightTransferInit.FromString(data)
+    except Exception:  # noqa: BLE001 - not a WeightTransferInit: the server refuses it
+        return False
+    return (host_problem(m.master_address) is None and 1 <= m.master_port <= 65535
+            and m.trainer_ranks <= 1024 and (m.timeout_s == 0 or (math.isfinite(m.timeout_s) and m.timeout_s > WAIT_S)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # method -> (gRPC path, call kind, random message(s), valid message(s): sent as they are or with flipped bits)
-def cases(paths: list[str], commit_path: str | None):
+def cases(paths: list[str], commit_path: str | None, busy_ports=()):
     versions = iter(range(1000, 2**40))
 
     def valid_load(rng):
@@ -199,6 +257,12 @@ def cases(paths: list[str], commit_path: str | None):
         "ScaleEngines": (SERVICE + "ScaleEngines", "unary_unary",
                          lambda rng: pb.ScaleRequest(engines=rng.choice([0, 1, -1, 65, 2**31 - 1, -(2**31)])),
                          lambda rng: pb.ScaleRequest(engines=1)),
+        "InitWeightTransfer": (SERVICE + "InitWeightTransfer", "unary_stream",
+                               lambda rng: random_init(rng, busy_ports), lambda rng: valid_init(rng, busy_ports)),
+        "TransferWeights": (SERVICE + "TransferWeights", "unary_stream", random_transfer, random_transfer),
+        "CloseWeightTransfer": (SERVICE + "CloseWeightTransfer", "unary_unary",
+                                lambda rng: pb.CloseWeightTransferRequest(),
+                                lambda rng: pb.CloseWeightTransferRequest()),
         "Health.Check": (HEALTH, "unary_unary", lambda rng: _health(rng.choice(["", "rollout.v1.RolloutService",
                                                                                 random_text(rng)])),
                          lambda rng: _health("")),
@@ -256,12 +320,13 @@ def seeded_samples(client) -> list:
 
 
 def run_fuzz(client, http_get, paths: list[str], *, calls: int, seed: int, commit_path: str | None = None,
-             metadata=(), timeout: float = 60.0, log=print) -> dict:
+             metadata=(), timeout: float = 60.0, log=print, busy_ports=()) -> dict:
     """Send `calls` fuzzed calls; returns {"counts": {rpc: {status: n}}, "failures": [...], "skipped": n}.
     commit_path: a checkpoint with the served values that valid LoadWeights calls commit (None: none are sent;
-    a service whose weights were changed by pushes would change what it serves)."""
+    a service whose weights were changed by pushes would change what it serves). busy_ports: ports where
+    something listens that is not a rendezvous (the service's own HTTP port), for InitWeightTransfer to dial."""
     rng = random.Random(seed)
-    table = cases(paths, commit_path)
+    table = cases(paths, commit_path, busy_ports)
     counts = {m: collections.Counter() for m in table}
     failures, skipped = [], 0
     before = seeded_samples(client)
@@ -270,13 +335,16 @@ def run_fuzz(client, http_get, paths: list[str], *, calls: int, seed: int, commi
         method = list(table)[i % len(table)]
         path, kind, make_random, make_valid = table[method]
         strategy, data = payload(rng, method, kind, make_random, make_valid)
-        if method == "ScaleEngines" and would_scale(data):
+        if (method == "ScaleEngines" and would_scale(data)) or (method == "InitWeightTransfer" and would_wait(data)):
             skipped += 1
             continue
+        t_call = time.monotonic()
         code, details = call(client.channel, path, kind, data, metadata, timeout)
         counts[method][code.name] += 1
         if code in FORBIDDEN or (code != grpc.StatusCode.OK and not details):
             failures.append(f"{method} ({strategy}) answered {code.name} {details!r} to {data!r}"[:600])
+        if method == "InitWeightTransfer" and time.monotonic() - t_call > WAIT_S + 20:    # ends at its timeout
+            failures.append(f"{method} ({strategy}) took {time.monotonic() - t_call:.0f} s: {data!r}"[:600])
         if (i + 1) % 100 == 0:
             status, _ = http_get("/readyz")
             if status != 200:
@@ -324,13 +392,15 @@ def main(argv=None) -> int:
         "--weights-root", str(work / "root"), "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32",
         "--max-queue", "64"])
     with svc, RolloutClient(svc.target) as client:
-        result = run_fuzz(client, svc.http_get, paths, calls=args.calls, seed=args.seed, commit_path=commit_path)
+        result = run_fuzz(client, svc.http_get, paths, calls=args.calls, seed=args.seed, commit_path=commit_path,
+                          busy_ports=[svc.http_port])
         _, metrics = svc.http_get("/metrics")
     lag = next((ln.split()[1] for ln in metrics.splitlines() if ln.startswith("rollout_event_loop_lag_max_seconds ")),
                "?")
     print(render(result))
     print(f"\n{sum(sum(r.values()) for r in result['counts'].values()):,} calls in {result['seconds']:.0f} s "
-          f"(seed {args.seed}); ScaleEngines payloads skipped because they would start engines: {result['skipped']}; "
+          f"(seed {args.seed}); payloads skipped because they would start engines (ScaleEngines) or wait over "
+          f"{WAIT_S:g} s (InitWeightTransfer): {result['skipped']}; "
           f"longest event-loop lag {lag} s")
     for f in result["failures"][:50]:
         print("FAIL:", f)

@@ -121,6 +121,12 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     weight_transfer_timeout_s: option(
         float, "how long a weight-transfer rendezvous or push waits for every rank (a trainer rank that never joins or "
                "dies mid-push fails it then, nothing changed)", "--weight-transfer-timeout-s", gt=0) = 120.0
+    weight_transfer_max_timeout_s: option(
+        float, "the longest timeout_s an InitWeightTransfer may ask for (INVALID_ARGUMENT naming timeout_s above it)",
+        "--weight-transfer-max-timeout-s", gt=0) = 600.0
+    weight_transfer_max_ranks: option(
+        int, "the most trainer ranks a weight-transfer group may have (InitWeightTransfer.trainer_ranks; "
+             "INVALID_ARGUMENT above it)", "--weight-transfer-max-ranks", ge=1) = 1024
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
 
@@ -140,6 +146,13 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         list[str], "directories LoadWeights may read below (absolute; symlinks are followed before the check; the "
                    "flag repeats)", "--weights-root", metavar="DIR",
         shown="`[]` = the cache directory (`$ROLLOUT_SERVICE_HOME`, else `~/.cache/rollout-service`)",
+    ) = msgspec.field(default_factory=list)
+    weight_transfer_hosts: option(
+        list[str], "where a weight-transfer group's master_address may resolve to (the engines dial it): `caller` "
+                   "(the calling trainer's own address), IP addresses, CIDR blocks (`10.0.0.0/8`) or host names; "
+                   "anything else is PERMISSION_DENIED naming master_address (the flag repeats)",
+        "--weight-transfer-host", metavar="HOST",
+        shown="`[]` = `caller` (a loopback caller: any loopback address)",
     ) = msgspec.field(default_factory=list)
 
 
@@ -340,12 +353,18 @@ def _k_schedule_rules(schedule, k: int) -> list[tuple[bool, str]]:
 
 def _check(cfg: ServerConfig) -> None:
     """The rules that relate several fields (each field's own limits and choices are in its type)."""
+    from rollout_service.validation import allowed_entry_problem      # (imports the API: not at module level)
+
     sec, sp = cfg.security, cfg.engine.speculation
     rules = [
         (bool(sec.tls_cert) == bool(sec.tls_key), "security: tls_cert and tls_key go together"),
         (not sec.tls_client_ca or sec.tls_cert, "security.tls_client_ca needs tls_cert and tls_key (TLS)"),
         (all(r and os.path.isabs(os.path.expanduser(r)) for r in sec.weights_roots),
          "security.weights_roots: every root must be an absolute directory path"),
+        (cfg.engine.weight_transfer_timeout_s <= cfg.engine.weight_transfer_max_timeout_s,
+         "engine.weight_transfer_timeout_s must be <= engine.weight_transfer_max_timeout_s"),
+        *((allowed_entry_problem(h) is None, f"security.weight_transfer_hosts: {allowed_entry_problem(h)}")
+          for h in sec.weight_transfer_hosts),
         (sp.prompt_lookup_min <= sp.prompt_lookup_max,
          "engine.speculation: need 1 <= prompt_lookup_min <= prompt_lookup_max"),
         (sp.method not in ("draft_model", "eagle3") or sp.model,

@@ -10,6 +10,8 @@ rank 0 hosts the TCPStore) and the group is vLLM's own stateless gloo group
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -21,6 +23,8 @@ from vllm.distributed.weight_transfer.base import (
 
 log = logging.getLogger(__name__)
 BACKEND = "gloo"
+LISTEN_POLL_S = 0.2           # how often a join looks for the trainer's rendezvous until it listens
+MIN_STEP_S = 0.5              # the least a join step is given once the rendezvous listens
 
 
 @dataclass(kw_only=True)
@@ -61,14 +65,26 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.info: GlooInitInfo | None = None
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        """Join the group, within init_info.timeout_s in all (then TimeoutError): torch's own steps each wait the
+        whole timeout (the store's connect, then gloo's rendezvous), so a join nobody completes would end at two
+        or more timeouts. Each step here gets what is left of one."""
+        import torch
         from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
         self.shutdown()
         pc = self.parallel_config
         rank = init_info.rank_offset + pc.data_parallel_index * pc.world_size + pc.rank
-        self.group = stateless_init_torch_distributed_process_group(
+        timeout_s = init_info.timeout_s
+        deadline = time.monotonic() + timeout_s
+        wait_for_listener(init_info.master_address, init_info.master_port, deadline, timeout_s)
+        left = timedelta(seconds=max(deadline - time.monotonic(), MIN_STEP_S))
+        group, store = stateless_init_torch_distributed_process_group(
             init_info.master_address, init_info.master_port, rank, init_info.world_size, backend="gloo",
-            timeout=timedelta(seconds=init_info.timeout_s))
+            timeout=left, return_store=True)
+        full = timedelta(seconds=timeout_s)         # each broadcast of a push waits the whole timeout
+        store.set_timeout(full)
+        group._get_backend(torch.device("cpu"))._set_default_timeout(full)
+        self.group = group
         self.info = init_info
         log.info("joined the gloo weight-transfer group at %s:%d as rank %d of %d", init_info.master_address,
                  init_info.master_port, rank, init_info.world_size)
@@ -104,6 +120,21 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             except Exception:
                 log.warning("shutting the gloo weight-transfer group down failed", exc_info=True)
             self.group = None
+
+
+def wait_for_listener(host: str, port: int, deadline: float, timeout_s: float) -> None:
+    """Return once something listens at host:port (the trainer's rank 0 hosts the group's store there); raise
+    TimeoutError at `deadline`."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"nothing listened at {host}:{port} within {timeout_s:g} s (the trainer's rank 0 "
+                               "hosts the group's rendezvous there)")
+        try:
+            socket.create_connection((host, port), timeout=min(left, 2.0)).close()
+            return
+        except OSError:
+            time.sleep(min(LISTEN_POLL_S, max(deadline - time.monotonic(), 0)))
 
 
 def register() -> None:

@@ -90,6 +90,11 @@ class RolloutWorkerExtension:
         if engine is None:
             raise RuntimeError("this engine was started without a weight-transfer backend (engine.weight_transfer)")
         typed = engine.parse_init_info(init_info)           # a malformed payload fails here
+        joining = getattr(self, "_rollout_joining", None)
+        if joining is not None and joining.is_alive():      # one join at a time: it ends at its timeout
+            _report(done_path, {"error": "RuntimeError: this worker is still joining an earlier weight-transfer "
+                                         "group (abandoned; it ends at that group's timeout_s)"})
+            return
 
         def run():
             result: dict = {}
@@ -99,7 +104,8 @@ class RolloutWorkerExtension:
                 result["error"] = f"{type(err).__name__}: {err}"
                 log.warning("joining the weight-transfer group failed: %s", result["error"])
             _report(done_path, result)
-        threading.Thread(target=run, name="rollout-transfer-init", daemon=True).start()
+        self._rollout_joining = threading.Thread(target=run, name="rollout-transfer-init", daemon=True)
+        self._rollout_joining.start()
 
     def _rollout_prepare(self, target: str, done_path: str, feed, source: str) -> None:
         self.rollout_discard_weights()
@@ -255,6 +261,31 @@ def _reload(vllm_config, model, model_config, feed) -> tuple[int, dict]:
         _refresh_tied_head(model, model_config)
         phases["finalize"] = time.perf_counter() - t
     return count, phases
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """vLLM's layerwise reload warns "<layer>: Failed to load weights" for every layer a push sent nothing for. Two
+    such layers get nothing on every push, by design: rotary embeddings (their cos/sin cache is computed, never in a
+    checkpoint) and, with tied embeddings, ParallelLMHead (the head is the embedding's weight, refreshed from it by
+    _refresh_tied_head). Their warnings are dropped, said once at INFO instead; any other layer's still warns."""
+
+    explained = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0])
+        if not (layer.endswith("RotaryEmbedding") or layer == "ParallelLMHead"):
+            return True
+        if not _ExpectedReloadWarnings.explained:
+            _ExpectedReloadWarnings.explained = True
+            log.info("weight reloads leave rotary embeddings (computed, not weights) and a tied LM head (shares the "
+                     "embedding's weight) untouched as they should; vLLM's \"Failed to load weights\" warnings for "
+                     "them are not shown")
+        return False
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_ExpectedReloadWarnings())
 
 
 def _refresh_tied_head(model, model_config) -> None:

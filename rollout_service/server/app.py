@@ -105,7 +105,7 @@ class RolloutServer:
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens,
                         cfg.max_top_logprobs)
         self.scaler = Scaler(self.pool, factory)
-        self.transfer = WeightTransfer(self.weights, transfer_backend_of(cfg), cfg.engine.weight_transfer_timeout_s)
+        self.transfer = WeightTransfer.from_config(self.weights, transfer_backend_of(cfg), cfg)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
                                         max_streams_per_client=cfg.max_streams_per_client, creds=self.creds,
                                         transfer=self.transfer)

@@ -195,7 +195,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     async def InitWeightTransfer(self, request: pb.WeightTransferInit, context):
         try:
             async for group in self.transfer.init(request.backend, request.master_address, request.master_port,
-                                                  request.trainer_ranks, request.timeout_s):
+                                                  request.trainer_ranks, request.timeout_s,
+                                                  caller=context.peer() or ""):
                 yield group_to_proto(group)
         except ServiceError as e:
             await context.abort(e.code, e.message)

@@ -21,14 +21,18 @@ import grpc
 
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.errors import Name, ServiceError, about_field, invalid_field
+from rollout_service.validation import allowed_networks, host_problem, number_problem, outside, peer_ip
 from rollout_service.scratch import scratch_root, take_spare
 from rollout_service.weights.service import PushOutcome, WeightService
 from rollout_service.wire import ITEMSIZE
 
 log = logging.getLogger(__name__)
 BUFFER_BYTES = 64 << 20          # the packed format's chunk size (rollout_client.transfer.DEFAULT_BUFFER_BYTES)
-MAX_TRAINER_RANKS = 4096
+MAX_TRAINER_RANKS = 1024         # engine.weight_transfer_max_ranks' default
+MAX_TIMEOUT_S = 600.0            # engine.weight_transfer_max_timeout_s' default
 MAX_BUFFER_BYTES = 16 << 30      # a chunk is held twice (two buffers) on every rank
+RESOLVE_TIMEOUT_S = 5.0          # resolving master_address (and host names of security.weight_transfer_hosts)
+WATCH_S = 1.0                    # how often a joined group's rendezvous (the trainer's rank 0) is checked
 INIT, PUSH = Name("InitWeightTransfer"), Name("TransferWeights")     # the RPCs, as errors name them
 
 
@@ -43,6 +47,7 @@ class Group:
     group_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     buffer_bytes: int = BUFFER_BYTES
     joined: bool = False
+    dial: str = ""                                   # the address the engines dial (master_address, resolved)
 
     @property
     def engine_ranks(self) -> int:
@@ -71,48 +76,103 @@ class Meta:
 
 
 class WeightTransfer:
-    def __init__(self, weights: WeightService, backend: str, timeout_s: float):
+    def __init__(self, weights: WeightService, backend: str, timeout_s: float, *, max_timeout_s: float = MAX_TIMEOUT_S,
+                 max_ranks: int = MAX_TRAINER_RANKS, allowed_hosts: list[str] | None = None, watch: bool = True):
         self.weights = weights
         self.pool = weights.committer.pool
         self.backend = backend               # the engines' resolved backend ("gloo", "nccl", ...; "none": off)
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s           # engine.weight_transfer_timeout_s: a set-up's timeout_s = 0
+        self.max_timeout_s = max(max_timeout_s, timeout_s)
+        self.max_ranks = max_ranks
+        self.allowed_hosts = list(allowed_hosts or [])    # security.weight_transfer_hosts ([]: the caller's address)
         self.group: Group | None = None
         self.lock = asyncio.Lock()            # one init, push or close at a time
-        self.last_error: tuple = ()           # the last failed push's error (its message's parts)
+        self.last_error: tuple = ()           # why the last group closed, or the last failed push's error
+        self.settling: asyncio.Task | None = None   # an abandoned set-up or push the engines are still finishing
+        self.watch = watch                    # check that a joined group's trainer is still there (_watch)
+        self._watcher: asyncio.Task | None = None
+
+    @classmethod
+    def from_config(cls, weights: WeightService, backend: str, cfg) -> WeightTransfer:
+        """From a ServerConfig: engine.weight_transfer_* and security.weight_transfer_hosts."""
+        e = cfg.engine
+        return cls(weights, backend, e.weight_transfer_timeout_s, max_timeout_s=e.weight_transfer_max_timeout_s,
+                   max_ranks=e.weight_transfer_max_ranks, allowed_hosts=cfg.security.weight_transfer_hosts)
 
     def _busy(self, what: str) -> None:
         if self.lock.locked():
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                (Name(what), ": another weight transfer (set-up or push) is in flight; wait for it to "
                                 "end"))
+        if self.settling is not None and not self.settling.done():
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE,
+                               (Name(what), ": the engines are still ending an abandoned weight-transfer set-up or "
+                                "push (they wait at most its timeout_s for ranks that went away); retry in a few "
+                                "seconds"))
 
     # ---- the group ---------------------------------------------------------------------------------
-    async def init(self, backend: str, address: str, port: int, trainer_ranks: int, timeout_s: float,
-                   buffer_bytes: int = BUFFER_BYTES, check_shape=None):
-        """Yields the group twice: once its shape is fixed (the engines start joining), once every rank joined.
-
-        buffer_bytes: the packed format's chunk size both sides cut by (the vLLM dialect passes the trainer's
-        packed_buffer_size_bytes, vLLM's 1 GiB by default). check_shape(group): called with the group's shape
-        before anything changes (the current group stays up if it raises), for a caller whose trainer fixed
-        the world size itself (vLLM's init_info)."""
+    def check_init(self, backend: str, address: str, port: int, trainer_ranks: int, timeout_s: float,
+                   buffer_bytes: int = BUFFER_BYTES) -> tuple[int, float]:
+        """A set-up's fields, each checked before anything happens (INVALID_ARGUMENT naming the field).
+        Returns (trainer ranks, timeout in seconds) with the defaults filled in."""
         if self.backend == "none":
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                "weight transfer is off on this server (engine.weight_transfer = none); use PushWeights")
         if backend not in ("", "auto", self.backend):
             raise invalid_field("backend", f"{backend!r}: this server's engines use {self.backend!r} "
                                 "(engine.weight_transfer); ask for it, or for \"auto\"", sep=" ")
-        if not address:
-            raise invalid_field("master_address", "required (where the trainer's rank 0 hosts the group's TCPStore)")
+        problem = host_problem(address)
+        if problem:
+            raise invalid_field("master_address", problem)
         if not 1 <= port <= 65535:
             raise invalid_field("master_port", f"must be in [1, 65535], got {port}", sep=" ")
         trainer_ranks = trainer_ranks or 1
-        if not 1 <= trainer_ranks <= MAX_TRAINER_RANKS:
-            raise invalid_field("trainer_ranks", f"must be in [1, {MAX_TRAINER_RANKS}], got {trainer_ranks}", sep=" ")
-        if timeout_s < 0:
-            raise invalid_field("timeout_s", f"must be >= 0 (0: the server's {self.timeout_s:g} s), got {timeout_s}",
-                                sep=" ")
+        if not 1 <= trainer_ranks <= self.max_ranks:
+            raise invalid_field("trainer_ranks", f"must be in [1, {self.max_ranks}] (engine.weight_transfer_max_"
+                                f"ranks), got {trainer_ranks}", sep=" ")
+        if timeout_s != 0:
+            problem = number_problem(timeout_s, 0.0, self.max_timeout_s, " seconds (engine.weight_transfer_max_"
+                                     f"timeout_s; 0: the server's {self.timeout_s:g} s)")
+            if problem:
+                raise invalid_field("timeout_s", problem, sep=" ")
         if not 0 < buffer_bytes <= MAX_BUFFER_BYTES:
             raise invalid_field("buffer_bytes", f"must be in [1, {MAX_BUFFER_BYTES}], got {buffer_bytes}", sep=" ")
+        return trainer_ranks, timeout_s or self.timeout_s
+
+    async def check_reach(self, address: str, port: int, caller: str | None) -> str:
+        """Where the engines will dial: master_address resolved here, every address it resolves to allowed by
+        security.weight_transfer_hosts (by default the caller's own address), else PERMISSION_DENIED naming
+        master_address. Returns the first address, which the engines are given (so a name cannot resolve
+        elsewhere for them). caller: the caller's peer ("ipv4:10.0.0.5:53412", an HTTP client's host); None:
+        a caller inside this process, not checked."""
+        ips = await _resolve(address, port)
+        if not ips:
+            raise invalid_field("master_address", f"{address!r} does not resolve to an address here", sep=" ")
+        if caller is None:
+            return str(ips[0])
+        names = [h for h in self.allowed_hosts if h != "caller" and not _is_network(h)]
+        resolved = {h: [n.network_address for n in await _resolve(h, port, networks=True)] for h in names}
+        nets = allowed_networks(self.allowed_hosts, peer_ip(caller), lambda h: resolved.get(h, []))
+        denied = outside(ips, nets)
+        if denied:
+            allowed = ", ".join(self.allowed_hosts) if self.allowed_hosts else f"the caller's own address ({caller})"
+            raise about_field(grpc.StatusCode.PERMISSION_DENIED, "master_address",
+                              f"{address!r} resolves to {', '.join(map(str, denied))}, which this server's engines "
+                              f"may not reach: allowed are {allowed} (security.weight_transfer_hosts). Host the "
+                              "group's rendezvous on the trainer that calls, or ask the operator to allow the address",
+                              sep=" ")
+        return str(ips[0])
+
+    async def init(self, backend: str, address: str, port: int, trainer_ranks: int, timeout_s: float,
+                   buffer_bytes: int = BUFFER_BYTES, check_shape=None, *, caller: str | None = None):
+        """Yields the group twice: once its shape is fixed (the engines start joining), once every rank joined.
+
+        buffer_bytes: the packed format's chunk size both sides cut by (the vLLM dialect passes the trainer's
+        packed_buffer_size_bytes, vLLM's 1 GiB by default). check_shape(group): called with the group's shape
+        before anything changes (the current group stays up if it raises), for a caller whose trainer fixed
+        the world size itself (vLLM's init_info). caller: the caller's address (check_reach)."""
+        trainer_ranks, timeout_s = self.check_init(backend, address, port, trainer_ranks, timeout_s, buffer_bytes)
+        dial = await self.check_reach(address, port, caller)
         self._busy("InitWeightTransfer")
         async with self.lock:
             engines = list(self.pool.engines)
@@ -124,28 +184,34 @@ class WeightTransfer:
             for e in engines:
                 placed.append((e, offset, e.transfer_ranks()))
                 offset += e.transfer_ranks()
-            group = Group(self.backend, address, port, trainer_ranks, timeout_s or self.timeout_s, placed,
-                          buffer_bytes=buffer_bytes)
+            group = Group(self.backend, address, port, trainer_ranks, timeout_s, placed, buffer_bytes=buffer_bytes,
+                          dial=dial)
             if check_shape is not None:
                 check_shape(group)
             await self._close()
             yield group
-            joining = [e.init_transfer(group.init_info(off)) for e, off, _ in placed]
-            results = await _bounded(joining, group.timeout_s + 10.0)
+            info = [group.init_info(off) | {"master_address": dial} for _, off, _ in placed]
+            joining = asyncio.ensure_future(_bounded([e.init_transfer(i) for (e, _, _), i in zip(placed, info)],
+                                                     group.timeout_s + 10.0))
+            try:
+                results = await asyncio.shield(joining)
+            except BaseException:             # the caller went away: the engines end the join by its timeout
+                self.settling = asyncio.ensure_future(self._settle(joining, placed))
+                raise
             failed = [(e, r) for (e, _, _), r in zip(placed, results) if isinstance(r, BaseException)]
             if failed:
                 await asyncio.gather(*(e.close_transfer() for e, _, _ in placed), return_exceptions=True)
                 engine, err = failed[0]
-                timed_out = isinstance(err, TimeoutError) or "timed out" in str(err).lower() or \
-                    "timeout" in str(err).lower()
-                code = grpc.StatusCode.DEADLINE_EXCEEDED if timed_out else grpc.StatusCode.INTERNAL
+                code, advice = self._join_failure(engine, err, group)
                 raise ServiceError(code, (INIT, f": {engine.id} could not join the {self.backend} group at "
                                           f"{address}:{port} (world size {group.world_size}, its rank offset "
                                           f"{dict((e.id, o) for e, o, _ in placed)[engine.id]}): "
-                                          f"{_short(err)}. Did every trainer rank 0..{trainer_ranks - 1} join within "
-                                          f"{group.timeout_s:g} s? No group is set up; nothing else changed"))
+                                          f"{_short(err)}. {advice} No group is set up; nothing else changed"))
             group.joined = True
             self.group = group
+            self.last_error = ()
+            if self.watch:
+                self._watcher = asyncio.ensure_future(self._watch(group))
             self.pool.telemetry.transfer_group(group.world_size)
             log.info("weight-transfer group %s (%s) joined: world size %d, %d trainer rank(s), engines at %s",
                      group.group_id, self.backend, group.world_size, trainer_ranks,
@@ -157,14 +223,44 @@ class WeightTransfer:
         async with self.lock:
             return await self._close()
 
-    async def _close(self) -> Group | None:
+    async def _close(self, why: str = "") -> Group | None:
+        group = self._forget(why)
+        if group is not None:
+            await asyncio.gather(*(e.close_transfer() for e, _, _ in group.engines), return_exceptions=True)
+        return group
+
+    def _forget(self, why: str = "") -> Group | None:
+        """The current group is closed as of now (GetStatus, the next push); the engines leave it after."""
         group, self.group = self.group, None
         if group is not None:
             group.joined = False
-            await asyncio.gather(*(e.close_transfer() for e, _, _ in group.engines), return_exceptions=True)
             self.pool.telemetry.transfer_group(0)
-            log.info("weight-transfer group %s closed", group.group_id)
+            if why:
+                self.last_error = (f"group {group.group_id} was closed: {why}",)
+            log.log(logging.WARNING if why else logging.INFO, "weight-transfer group %s closed%s", group.group_id,
+                    f": {why}" if why else "")
         return group
+
+    async def _settle(self, work: asyncio.Future, engines) -> None:
+        """An abandoned set-up or push: let the engines end it (bounded by its timeout), then leave the group."""
+        try:
+            await work
+        except BaseException:  # noqa: BLE001 - its outcome has nobody to go to; it is logged by the commit
+            pass
+        await asyncio.gather(*(e.close_transfer() for e, _, _ in engines), return_exceptions=True)
+
+    async def _watch(self, group: Group) -> None:
+        """Close a joined group once its trainer is gone: its rank 0 hosts the rendezvous (a TCP listener) for the
+        group's life, so a refused connection there means the trainer exited or was killed."""
+        while self.group is group:
+            await asyncio.sleep(WATCH_S)
+            if self.group is not group or self.lock.locked():    # a push in flight fails by itself
+                continue
+            if not await _answers(group.dial, group.master_port):
+                async with self.lock:
+                    if self.group is group and not await _answers(group.dial, group.master_port):
+                        await self._close(f"the trainer's rendezvous at {group.master_address}:{group.master_port} "
+                                          "stopped answering (its rank 0 exited or was killed)")
 
     # ---- a push ------------------------------------------------------------------------------------
     async def push(self, version: int, target: str, mode: str, partial: bool, metas: list[Meta], group_id: str):
@@ -205,19 +301,30 @@ class WeightTransfer:
                                         "restarted or was scaled); call ", INIT, " again"))
                 return [self._prepare_one(e, update_info, target, str(record) if i == 0 else "", started)
                         for i, e in enumerate(engines)]
+            if self.watch and not await _answers(group.dial, group.master_port):
+                await self._close(f"the trainer's rendezvous at {group.master_address}:{group.master_port} does "
+                                  "not answer (its rank 0 exited or was killed)")
+                self._check_group(group_id)                  # FAILED_PRECONDITION, saying why
             t_commit = time.perf_counter()
             commit = asyncio.ensure_future(self.weights.committer.commit(
                 [record], kept, version, target, mode, keep_files=False, prepare=prepare))
             ready = asyncio.ensure_future(receiving.wait())
-            await asyncio.wait([commit, ready], return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait([commit, ready], return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                self._abandon(group, commit, ready)
+                raise
             if not receiving.is_set():
                 ready.cancel()
-                await self._failed(commit, group)           # raises the commit's error
-            yield ("ready", total)
+                await self._failed(commit, group, target, bool(listening))   # raises the commit's error
             try:
-                res = await commit
-            except BaseException:
-                await self._failed(commit, group)
+                yield ("ready", total)
+                res = await asyncio.shield(commit)
+            except (asyncio.CancelledError, GeneratorExit):
+                self._abandon(group, commit, ready)
+                raise
+            except Exception:  # noqa: BLE001 - the commit's failure, as a status the trainer can act on
+                await self._failed(commit, group, target, True)
                 raise
             outcome = PushOutcome(res.version, target, len(kept), total, missing, res.prepare_s, 0.0, res.apply_s,
                                   res.pause_s, time.perf_counter() - t0, res.prepare_s)
@@ -230,23 +337,77 @@ class WeightTransfer:
         await engine.prepare_transfer(update_info, target, record, lambda: started(engine.id))
         return True
 
-    async def _failed(self, commit: asyncio.Future, group: Group) -> None:
-        """The push failed: if any engine had started receiving, the group is out of step and is closed. Re-raises
-        the commit's error."""
+    def _abandon(self, group: Group, commit: asyncio.Future, ready: asyncio.Future) -> None:
+        """The caller went away mid-push (its trainer was killed, or it cancelled): the group is out of step from
+        now on. The commit runs to its end (all or none, as always); then the engines leave the group."""
+        ready.cancel()
+        if self.group is group:
+            self._forget("the trainer's TransferWeights call ended before the push did (the trainer went away or "
+                         "cancelled it)")
+        self.settling = asyncio.ensure_future(self._settle(commit, group.engines))
+
+    async def _failed(self, commit: asyncio.Future, group: Group, target: str, started: bool) -> None:
+        """The push failed: raises its error as a status a trainer can act on. If any engine had started
+        receiving, the group is out of step and is closed."""
         try:
-            await commit
+            await asyncio.shield(commit)
         except ServiceError as e:
-            if e.code is not grpc.StatusCode.FAILED_PRECONDITION and self.group is group:
-                await self._close()
-                self.last_error = e.parts
-                raise ServiceError(e.code, (*e.parts, ". The weight-transfer group was closed (a collective cannot "
-                                            "resume half-way): call ", INIT, " again"), field=e.field) from None
-            raise
+            if e.code is grpc.StatusCode.FAILED_PRECONDITION and not started:
+                raise                                   # refused before anything moved: the group is in step
+            err: BaseException = e
+        except Exception as e:  # noqa: BLE001 - whatever failed, the trainer gets a status it can act on
+            err = e
+        else:
+            return
+        code, parts = self._push_failure(err, group, target)
+        if self.group is group:
+            await self._close()
+        self.last_error = parts
+        raise ServiceError(code, (*parts, ". The weight-transfer group was closed (a collective cannot resume "
+                                  "half-way): call ", INIT, " again, then push again"),
+                           field=getattr(err, "field", None)) from None
+
+    # ---- what a failure inside an engine means to the trainer ----------------------------------------
+    def _dead(self, group: Group) -> list[str]:
+        return [e.id for e, _, _ in group.engines if not e.alive() or e.state not in (EngineState.READY,
+                                                                                       EngineState.PAUSED)]
+
+    def _join_failure(self, engine: Engine, err: BaseException, group: Group) -> tuple[grpc.StatusCode, str]:
+        text = str(err)
+        if self._dead(group) or "EngineDead" in text or "engine core died" in text:
+            return (grpc.StatusCode.UNAVAILABLE, f"An engine died ({', '.join(self._dead(group)) or engine.id}); "
+                    "the pool restarts it at the committed version: retry once GetStatus shows every engine ready.")
+        if "still joining" in text:
+            return (grpc.StatusCode.UNAVAILABLE, "A set-up abandoned earlier is still waiting for its ranks "
+                    "(at most its timeout_s); retry in a few seconds.")
+        if _timed_out(err):
+            return (grpc.StatusCode.DEADLINE_EXCEEDED, f"Did every trainer rank 0..{group.trainer_ranks - 1} join "
+                    f"within {group.timeout_s:g} s? Start them, then call InitWeightTransfer again.")
+        return (grpc.StatusCode.UNAVAILABLE, f"Nothing at {group.master_address}:{group.master_port} answered as "
+                "the group's rendezvous: start the trainer's rank 0 there first (it hosts the TCPStore), then call "
+                "InitWeightTransfer again.")
+
+    def _push_failure(self, err: BaseException, group: Group, target: str) -> tuple[grpc.StatusCode, tuple]:
+        serving = f"{target} version {self.pool.versions.get(target, 0)}"
+        dead = self._dead(group)
+        text = str(err)
+        if dead or "EngineDead" in text or "engine core died" in text:
+            return grpc.StatusCode.UNAVAILABLE, (
+                PUSH, f": engine {', '.join(dead) or '?'} died during the transfer ({_short(err)}); it is restarted at "
+                f"the committed version ({serving} serves on every ready engine). Retry once GetStatus shows every "
+                "engine ready")
+        if _timed_out(err):
+            return grpc.StatusCode.DEADLINE_EXCEEDED, (
+                PUSH, f": the engines waited {group.timeout_s:g} s for the trainer's tensors and gave up "
+                f"({_short(err)}); did every trainer rank send after `ready`? Nothing was applied: {serving} serves")
+        return grpc.StatusCode.ABORTED, (
+            PUSH, f": the transfer broke off ({_short(err)}), as when a trainer rank goes away mid-push; nothing "
+            f"was applied: {serving} serves")
 
     def _check_group(self, group_id: str) -> Group:
         g = self.group
         if g is None or not g.joined:
-            why = (" (the last push failed: ", *self.last_error, ")") if self.last_error else ()
+            why = (" (", *self.last_error, ")") if self.last_error else ()
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                ("no weight-transfer group is set up", *why, "; call ", INIT, " first"))
         if group_id and group_id != g.group_id:
@@ -295,6 +456,57 @@ async def _bounded(awaitables: list, timeout_s: float) -> list:
     async def one(a):
         return await asyncio.wait_for(a, timeout_s)
     return await asyncio.gather(*(one(a) for a in awaitables), return_exceptions=True)
+
+
+def _is_network(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _timed_out(err: BaseException) -> bool:
+    text = str(err).lower()
+    return isinstance(err, TimeoutError) or "timed out" in text or "timeout" in text or "deadline" in text
+
+
+async def _resolve(host: str, port: int, networks: bool = False) -> list:
+    """The IP addresses `host` resolves to (without blocking the event loop; [] when it does not resolve)."""
+    import ipaddress
+    import socket
+
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S)
+    except (OSError, TimeoutError, UnicodeError, ValueError):
+        return []
+    out = []
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+        ip = (ip.ipv4_mapped or ip) if ip.version == 6 else ip
+        item = ipaddress.ip_network(ip) if networks else ip
+        if item not in out:
+            out.append(item)
+    return out
+
+
+async def _answers(host: str, port: int, timeout_s: float = 3.0) -> bool:
+    """Whether something listens at host:port (the trainer's rendezvous). A slow answer counts as one."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return True
 
 
 def _short(err: BaseException) -> str:

@@ -81,7 +81,7 @@ def make(tmp_path):
         weights = WeightService.create(pool, "float32", weights_roots=[str(tmp_path)])
         model = ModelInfo(path="tiny", vocab_size=100, max_model_len=256, tokenizer=Tokenizer())
         servicer = RolloutServicer(pool, model, Limits(4, 8), weights,
-                                   transfer=WeightTransfer(weights, "gloo", 5.0) if transfer else None)
+                                   transfer=WeightTransfer(weights, "gloo", 5.0, watch=False) if transfer else None)
         app = build_http_app(servicer, creds)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
         return pool, weights, client

@@ -509,7 +509,8 @@ async def update_weights(request: Request):
 async def init_weight_transfer_engine(request: Request):
     """{"init_info": {...}}: the group forms with the trainer (its rank 0 hosts the rendezvous); answers once
     every engine joined."""
-    return await gateway(request).vllm_transfer.init(json_body(await request.body()))
+    return await gateway(request).vllm_transfer.init(json_body(await request.body()),
+                                                     caller=request.client.host if request.client else "")
 
 
 @router.post("/start_weight_update")

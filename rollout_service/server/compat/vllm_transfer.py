@@ -79,8 +79,9 @@ class VllmWeightTransfer:
                                 "weight_transfer_config": {"backend": self.transfer.backend}}}
 
     # ---- the group ----------------------------------------------------------------------------------------
-    async def init(self, body: dict) -> dict:
-        """Set up the group with the trainer's init_info; answers once every engine joined it."""
+    async def init(self, body: dict, caller: str | None = None) -> dict:
+        """Set up the group with the trainer's init_info; answers once every engine joined it. caller: the
+        client's address (where the group may reach: WeightTransfer.check_reach)."""
         info = body.get("init_info")
         if not isinstance(info, dict):
             raise DialectError(400, "init_info: required, an object (vLLM's init_info: master_address, master_port, "
@@ -123,7 +124,7 @@ class VllmWeightTransfer:
         group = None
         try:
             async for group in self.transfer.init("auto", address, port, rank_offset, timeout_s,
-                                                  buffer_bytes=buffer_bytes, check_shape=check_shape):
+                                                  buffer_bytes=buffer_bytes, check_shape=check_shape, caller=caller):
                 self.open = self.committed = None       # a new group: no update is open over it
         except ServiceError as e:
             raise from_service_error(e, SPELLING) from None
