@@ -176,9 +176,10 @@ def save_head(head, target_dir: str, out: Path, aux_layers: list[int], meta: dic
     cfg = head_config(target_cfg, int(head.lm_head.weight.shape[0]), aux_layers)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     (tmp / "rollout_eagle3.json").write_text(json.dumps(meta, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    from rollout_service.models import cache_lock, replace_dir
+
+    with cache_lock(out):                  # atomically, never delete-then-rename (models.replace_dir)
+        replace_dir(tmp, out)
     return out
 
 
