@@ -127,6 +127,11 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     weight_transfer_max_ranks: option(
         int, "the most trainer ranks a weight-transfer group may have (InitWeightTransfer.trainer_ranks; "
              "INVALID_ARGUMENT above it)", "--weight-transfer-max-ranks", ge=1) = 1024
+    routed_experts: option(
+        Literal["auto", "off"],
+        "routing replay: `auto` captures the experts every token is routed to when the policy is a mixture of experts "
+        "(vLLM's capture; GenerateRequest.return_routed_experts returns them); `off` saves the capture (requests "
+        "asking for routes then get FAILED_PRECONDITION)", "--routed-experts") = "auto"
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
 
@@ -219,6 +224,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                                    ge=1) = 64
     idempotency_ttl_s: option(float, "how long finished requests stay replayable (seconds)") = 600.0
     shutdown_grace_s: option(float, "grace period on SIGTERM (seconds)") = 5.0
+    state_dir: option(str, "directory (on a volume) where the committed policy and drafter versions and their "
+                           "weight files survive a restart: a restarted server serves them again before it says "
+                           "ready (pool/committed.py). Empty: a restarted server serves its model's version 0 and "
+                           "says so (GetStatus.durability)", "--state-dir", shown="`\"\"` = none") = ""
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     sessions: SessionConfig = msgspec.field(default_factory=SessionConfig)
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)

@@ -8,12 +8,37 @@ from pathlib import Path
 from rollout_tasks.chat import chat_token_ids, user_turn
 
 
+@dataclass(frozen=True)
+class MoeShape:
+    """A mixture-of-experts policy's routing shape, as vLLM's routed-experts rows have it: [tokens, layers, top_k],
+    every decoder layer counted (a layer without a router holds zeros)."""
+    num_experts: int
+    top_k: int
+    num_layers: int
+
+    @property
+    def dtype(self) -> str:
+        return "uint8" if self.num_experts <= 256 else "uint16"
+
+    @classmethod
+    def of(cls, config: dict) -> "MoeShape | None":
+        """From a Hugging Face config.json (Qwen3-MoE, Mixtral, DeepSeek-V3 spellings); None for a dense model."""
+        text = config.get("text_config") or config
+        experts = next((int(text[k]) for k in ("num_experts", "num_local_experts", "n_routed_experts")
+                        if text.get(k)), 0)
+        top_k = int(text.get("num_experts_per_tok") or 0)
+        if experts <= 1 or top_k <= 0:
+            return None
+        return cls(experts, top_k, int(text["num_hidden_layers"]))
+
+
 @dataclass
 class ModelInfo:
     path: str
     vocab_size: int
     max_model_len: int
     tokenizer: object          # a transformers tokenizer
+    moe: MoeShape | None = None
 
     @classmethod
     def load(cls, path: str, max_model_len: int) -> "ModelInfo":
@@ -22,7 +47,7 @@ class ModelInfo:
         config = json.loads((Path(path) / "config.json").read_text())
         ctx = min(max_model_len, int(config.get("max_position_embeddings", max_model_len)))
         return cls(path=path, vocab_size=int(config["vocab_size"]), max_model_len=ctx,
-                   tokenizer=AutoTokenizer.from_pretrained(path))
+                   tokenizer=AutoTokenizer.from_pretrained(path), moe=MoeShape.of(config))
 
     def decode(self, ids: list[int]) -> str:
         """A sample's text, as vLLM's detokenizer gives it (blocking: call in the tokenizer thread)."""

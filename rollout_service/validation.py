@@ -9,10 +9,13 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+import grpc
+import msgspec
+
 from rollout_service.api import pb
-from rollout_service.engine.types import SeqRequest
-from rollout_service.errors import Name, invalid_field
-from rollout_service.model_info import ModelInfo
+from rollout_service.engine.types import Routes, SeqRequest
+from rollout_service.errors import Name, about_field, invalid_field
+from rollout_service.model_info import ModelInfo, MoeShape
 from rollout_service.pool.partial import Partial
 
 DEFAULT_MAX_TOKENS = 128
@@ -31,6 +34,7 @@ class Limits:
     max_samples_per_prompt: int
     max_new_tokens: int = 0           # 0: up to the context length
     max_top_logprobs: int = 20        # GenerateRequest.top_logprobs at most
+    routed_experts: bool = False      # the engines capture routed experts (an MoE policy, engine.routed_experts)
 
 
 @dataclass
@@ -111,6 +115,14 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
     if not 0 <= req.top_logprobs <= limits.max_top_logprobs:
         raise invalid_field("top_logprobs", f"must be in [0, {limits.max_top_logprobs}] (the server's "
                             f"max_top_logprobs), got {req.top_logprobs}")
+    routes = req.return_routed_experts
+    if routes and model.moe is None:
+        raise invalid_field("return_routed_experts", f"the served policy {model.path} is dense (not a mixture of "
+                            "experts): it routes no tokens; leave it false")
+    if routes and not limits.routed_experts:
+        raise about_field(grpc.StatusCode.FAILED_PRECONDITION, "return_routed_experts",
+                          "this server does not capture routed experts (started with engine.routed_experts = off); "
+                          "restart it with --routed-experts auto")
 
     prompts: list[list[int]] = []
     partials: list[Partial | None] = []
@@ -135,6 +147,10 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
         prompts.append(ids)
         partials.append(_partial(f"prompts[{i}].partial", p.partial, req.top_logprobs, max_tokens, model.vocab_size)
                         if p.HasField("partial") else None)
+        if partials[-1] is not None and routes and p.partial.HasField("routed_experts"):
+            partials[-1] = msgspec.structs.replace(partials[-1], routed_experts=_partial_routes(
+                f"prompts[{i}].partial.routed_experts", p.partial.routed_experts, model.moe,
+                len(ids) + len(partials[-1]) - 1))
 
     base = rid or uuid.uuid4().hex
     seed = sp.seed if sp.HasField("seed") else None
@@ -146,7 +162,9 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
                     stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids),
                     seed=None if seed is None else sample_seed(seed, pi, si), ignore_eos=sp.ignore_eos,
                     detokenize=bool(sp.stop) or req.return_text, top_logprobs=req.top_logprobs,
-                    stream=req.stream_tokens)
+                    stream=req.stream_tokens, return_routed_experts=routes,
+                    routes_from=partials[pi].routed_experts.end if partials[pi] and partials[pi].routed_experts
+                    else 0)
          for si in range(n)]
         for pi, ids in enumerate(prompts)
     ]
@@ -188,6 +206,33 @@ def _partial(where: str, p: pb.PartialSample, k: int, max_tokens: int, vocab_siz
     return Partial(token_ids=list(p.token_ids), logprobs=list(p.logprobs), version_spans=spans,
                    top_token_ids=[ids[i * k:(i + 1) * k] for i in range(n)] if k else [],
                    top_logprobs=[lps[i * k:(i + 1) * k] for i in range(n)] if k else [])
+
+
+def _partial_routes(where: str, r: pb.RoutedExperts, moe: MoeShape, rows: int) -> Routes:
+    """PartialSample.routed_experts -> Routes of its `rows` rows, or INVALID_ARGUMENT naming the part at fault."""
+    shape = (rows, moe.num_layers, moe.top_k)
+    if tuple(r.shape) != shape:
+        raise invalid_field(f"{where}.shape", f"must be {list(shape)} (prompt tokens + partial tokens - 1, the "
+                            f"policy's layers, its top-k), got {list(r.shape)}")
+    if r.dtype != moe.dtype:
+        raise invalid_field(f"{where}.dtype", f"must be {moe.dtype!r} for {moe.num_experts} experts, got {r.dtype!r}")
+    width = 1 if moe.dtype == "uint8" else 2
+    if len(r.ids) != rows * moe.num_layers * moe.top_k * width or r.first_row != 0:
+        raise invalid_field(f"{where}.ids", f"must hold {rows} x {moe.num_layers} x {moe.top_k} {moe.dtype} values "
+                            f"from row 0 ({len(r.ids)} bytes from row {r.first_row} given): the sample's own routes")
+    import numpy as np
+
+    if rows and int(np.frombuffer(r.ids, dtype="<u1" if width == 1 else "<u2").max()) >= moe.num_experts:
+        raise invalid_field(f"{where}.ids", f"expert ids must be below {moe.num_experts}")
+    spans = [(s.policy_version, s.first_token) for s in r.version_spans]
+    starts = [t for _, t in spans]
+    if rows and (not spans or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= rows
+                 or any(v < 0 for v, _ in spans)):
+        raise invalid_field(f"{where}.version_spans", f"must start at row 0 with first_token strictly increasing "
+                            f"and below {rows}, versions >= 0; got {spans}")
+    return Routes(first_row=0, rows=rows, layers=moe.num_layers, top_k=moe.top_k, dtype=moe.dtype, data=r.ids,
+                  version_spans=spans)
+
 
 # ---- where a weight-transfer group may reach (InitWeightTransfer, vLLM's /init_weight_transfer_engine) ----------
 # The engines dial master_address:master_port for the group's rendezvous, so an admin token could otherwise make

@@ -52,3 +52,34 @@ def perturbed_copy(src: Path, out: Path, *, scale: float, seed: int = 0) -> Path
                 p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
     save_atomically(model, AutoTokenizer.from_pretrained(src), out)
     return out
+
+
+def build_tiny_moe_model(out: Path, *, layers: int = 2, hidden: int = 128, experts: int = 8, top_k: int = 2,
+                         seed: int = 0, tokenizer_from: Path | None = None) -> Path:
+    """A tiny random Qwen3-MoE (mixture of experts: `experts` per layer, `top_k` routed per token) with SmolLM2's
+    tokenizer, float32, built in seconds. Router weights are scaled up so that routing is decisive (top-k margins
+    well above float noise: an independent forward pass routes every token the same way)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    if tokenizer_from is not None:
+        tok = AutoTokenizer.from_pretrained(tokenizer_from)
+    else:
+        gguf = find_gguf()
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = Qwen3MoeConfig(
+        vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 2, moe_intermediate_size=hidden,
+        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+        num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False, torch_dtype="float32", rope_theta=10000.0,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config).to(torch.float32)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 1.0)
+        model.lm_head.weight.normal_(0, 4.0 / hidden ** 0.5)
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, 1.0 / hidden ** 0.5)
+    save_atomically(model, tok, out)
+    return out

@@ -1,5 +1,5 @@
 """Python client of the rollout service (sync and asyncio)."""
 from rollout_client.client import AsyncRolloutClient, RolloutClient
-from rollout_client.types import PushResult, Sample, build_request
+from rollout_client.types import PushResult, RoutedExperts, Sample, build_request
 
-__all__ = ["RolloutClient", "AsyncRolloutClient", "Sample", "PushResult", "build_request"]
+__all__ = ["RolloutClient", "AsyncRolloutClient", "Sample", "RoutedExperts", "PushResult", "build_request"]

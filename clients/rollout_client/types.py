@@ -32,6 +32,7 @@ class Sample:
     delta: bool = False              # stream_tokens: only the tokens new since this sample's previous message
     delta_start: int = 0             # in a delta: the index of token_ids[0] in the whole sample
     num_cached_tokens: int = 0       # prompt tokens the engine found in its prefix cache (session_id: earlier turns)
+    routed_experts: "RoutedExperts | None" = field(default=None)   # return_routed_experts: an MoE policy's routes
 
     @classmethod
     def from_proto(cls, m: pb.Sample) -> "Sample":
@@ -49,7 +50,32 @@ class Sample:
             top_token_ids=np.asarray(m.top_token_ids, dtype=np.int64).reshape(n, k) if k else None,
             top_logprobs=np.asarray(m.top_logprobs, dtype=np.float32).reshape(n, k) if k else None,
             delta=m.delta, delta_start=m.delta_start, num_cached_tokens=m.num_cached_tokens,
+            routed_experts=RoutedExperts.from_proto(m.routed_experts) if m.HasField("routed_experts") else None,
         )
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """The experts a mixture-of-experts policy routed tokens to (GenerateRequest.return_routed_experts): row t is
+    the token at position t of prompt + generated tokens, `ids[t, layer]` its top-k experts at that layer. A whole
+    sample has num_prompt_tokens + len(token_ids) - 1 rows (its last token was never an input)."""
+
+    ids: np.ndarray                       # uint8 or uint16 [rows, layers, top_k]
+    first_row: int                        # index of ids[0] in the whole sample (> 0 only in a delta)
+    version_spans: list[tuple[int, int]]  # (policy_version, first row it routed)
+
+    @classmethod
+    def from_proto(cls, m: pb.RoutedExperts) -> "RoutedExperts":
+        dtype = np.dtype("<u1" if m.dtype == "uint8" else "<u2")
+        return cls(ids=np.frombuffer(m.ids, dtype=dtype).reshape(tuple(m.shape)), first_row=m.first_row,
+                   version_spans=[(s.policy_version, s.first_token) for s in m.version_spans])
+
+    def to_proto(self) -> pb.RoutedExperts:
+        return pb.RoutedExperts(ids=np.ascontiguousarray(self.ids).astype(self.ids.dtype.newbyteorder("<")).tobytes(),
+                                shape=list(self.ids.shape), dtype="uint8" if self.ids.dtype.itemsize == 1 else "uint16",
+                                first_row=self.first_row,
+                                version_spans=[pb.VersionSpan(policy_version=int(v), first_token=int(t))
+                                               for v, t in self.version_spans])
 
 
 def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_p: float | None = None,
@@ -57,14 +83,17 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
                   ignore_eos: bool = False, stop_token_ids=(), request_id: str = "",
                   min_policy_version: int = 0, return_text: bool = False,
                   chat: bool = False, top_logprobs: int = 0, stream_tokens: bool = False,
-                  return_partial: bool = False, partials=None, session_id: str = "") -> pb.GenerateRequest:
+                  return_partial: bool = False, partials=None, session_id: str = "",
+                  return_routed_experts: bool = False) -> pb.GenerateRequest:
     """prompts: a list whose items are token-id sequences (list/array of ints) or strings. top_logprobs: k most
     likely tokens per position (Sample.top_token_ids / top_logprobs). stream_tokens: also yield each sample's new
     tokens as they are produced (Sample.delta), before the whole sample. return_partial: a sample aborted by a
     weight push or pause in abort mode comes back as it stands (finish_reason "abort") instead of the request
     failing with ABORTED. partials: one per prompt, None or a partial Sample (an aborted one) to continue: each
     sample of that prompt comes back as one sample, the partial's tokens first; max_tokens bounds both parts.
-    session_id: a conversation's key; its requests go to the engine that holds its earlier turns in cache."""
+    session_id: a conversation's key; its requests go to the engine that holds its earlier turns in cache.
+    return_routed_experts: every sample carries Sample.routed_experts (a mixture-of-experts policy's routes, for
+    routing replay in the trainer); a partial sample's routes are sent back with it and joined."""
     if partials is not None and len(partials) != len(prompts):
         raise ValueError(f"partials: one per prompt (None for a fresh one); got {len(partials)} for "
                          f"{len(prompts)} prompts")
@@ -84,7 +113,7 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
     return pb.GenerateRequest(request_id=request_id, prompts=items, n=n, sampling=sp,
                               min_policy_version=min_policy_version, return_text=return_text,
                               top_logprobs=top_logprobs, stream_tokens=stream_tokens, return_partial=return_partial,
-                              session_id=session_id)
+                              session_id=session_id, return_routed_experts=return_routed_experts)
 
 
 def partial_to_proto(s) -> pb.PartialSample:
@@ -95,7 +124,8 @@ def partial_to_proto(s) -> pb.PartialSample:
         token_ids=[int(t) for t in s.token_ids], logprobs=[float(x) for x in s.logprobs],
         version_spans=[pb.VersionSpan(policy_version=int(v), first_token=int(t)) for v, t in s.version_spans],
         top_token_ids=[] if top_ids is None else np.asarray(top_ids, dtype=np.int64).ravel().tolist(),
-        top_logprobs=[] if top_lps is None else np.asarray(top_lps, dtype=np.float32).ravel().tolist())
+        top_logprobs=[] if top_lps is None else np.asarray(top_lps, dtype=np.float32).ravel().tolist(),
+        routed_experts=s.routed_experts.to_proto() if getattr(s, "routed_experts", None) is not None else None)
 
 
 @dataclass(frozen=True)

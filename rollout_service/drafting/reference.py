@@ -36,3 +36,31 @@ def processed_logprobs(model, prompt: list[int], generated: list[int], temperatu
     """
     logp = processed_logprob_rows(model, prompt, generated, temperature, top_k, top_p)
     return logp.gather(-1, torch.tensor(generated).unsqueeze(-1)).squeeze(-1)
+
+
+def routed_experts(model, token_ids: list[int]):
+    """The experts a transformers mixture-of-experts model routes each token of `token_ids` to, at every decoder
+    layer (zeros where a layer has no router), in one forward pass: the routes the service must return. Returns
+    int64 numpy [len(token_ids), layers, top_k], each row's experts in the router's order (highest weight first)."""
+    import numpy as np
+
+    layers = model.model.layers
+    found: dict[int, torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(layers):
+        gate = getattr(getattr(layer, "mlp", None), "gate", None)
+        if gate is not None and hasattr(gate, "top_k"):
+            hooks.append(gate.register_forward_hook(lambda _m, _in, out, i=i: found.__setitem__(i, out[2])))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([token_ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    if not found:
+        raise ValueError("the model has no router (not a mixture of experts)")
+    k = next(iter(found.values())).shape[-1]
+    out = np.zeros((len(token_ids), len(layers), k), dtype=np.int64)
+    for i, ids in found.items():
+        out[:, i] = ids.reshape(len(token_ids), k).numpy()
+    return out

@@ -60,6 +60,15 @@ def _module_install(module: str) -> Callable[[], bool]:
     return install
 
 
+def _routes_config() -> bool:
+    from rollout_service.engine import routed_experts
+
+    routed_experts.allow_v1_runner()
+    applied = [n for n in os.environ.get(FRONT_END_ENV, "").split(",") if n]
+    os.environ[FRONT_END_ENV] = ",".join(applied + ["aux_output_v1_config"])   # for its workers' report
+    return True
+
+
 def _worker_fork() -> bool:
     # vLLM's default everywhere but on CPU; its own reasons to spawn (CUDA initialised, a Ray actor, NUMA binding)
     # still apply: get_mp_context checks them whatever this says.
@@ -131,6 +140,19 @@ PATCHES: tuple[Patch, ...] = (
           "k_control = auto",
           "k_control = auto unavailable: use fixed k or k_by_batch_size",
           ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), None, process="scheduler"),
+    Patch("v1_routed_experts", "engine/routed_experts.py",
+          "vLLM's routed-experts capture (enable_return_routed_experts: router hooks, rows of accepted tokens only, "
+          "prefix-cached rows kept by block hash) is driven only by Model Runner V2, which needs Triton; this drives "
+          "the same worker connector from the V1 runner",
+          "GenerateRequest.return_routed_experts (routing replay) on the V1 runner (this CPU)",
+          "no routed experts on the V1 runner: requests asking for them fail",
+          ("0.32.0",), ("cpu", "cuda"), ("v1",), _module_install("engine.routed_experts")),
+    Patch("aux_output_v1_config", "engine/routed_experts.py",
+          "VllmConfig refuses enable_return_routed_experts unless Model Runner V2 is in use; with "
+          "v1_routed_experts the V1 runner serves it (the check's other conditions are kept)",
+          "GenerateRequest.return_routed_experts on the V1 runner (this CPU)",
+          "an MoE engine capturing routes does not start on the V1 runner",
+          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), _routes_config, process="front_end"),
     Patch("cpu_worker_fork", "engine/patches.py",
           "vLLM's CPU platform starts every process by spawn (platforms/cpu.py sets VLLM_WORKER_MULTIPROC_METHOD), so "
           "the worker imports torch and vLLM again after the engine core did: ~6-12 s of every engine start on 2 "

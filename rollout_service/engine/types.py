@@ -23,6 +23,56 @@ class SeqRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     detokenize: bool = True
     top_logprobs: int = 0            # k most likely tokens per position, under the processed distribution
     stream: bool = False             # report new tokens per engine step (Engine.generate's on_delta)
+    return_routed_experts: bool = False   # routing replay: the result carries Routes (an MoE policy)
+    routes_from: int = 0             # the first row returned (rows before it: the continued partial's own)
+
+
+class Routes(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Routed expert ids of consecutive rows of a sequence: row r belongs to the token at position r of prompt +
+    generated tokens (the routes computed when it was a forward pass's input), rows [first_row, first_row + rows).
+    version_spans: (policy_version, first row it routed), as indices of the whole sequence."""
+
+    first_row: int
+    rows: int
+    layers: int
+    top_k: int
+    dtype: str                       # "uint8" | "uint16"
+    data: bytes                      # [rows, layers, top_k], little-endian `dtype`, row-major
+    version_spans: list[tuple[int, int]] = []
+
+    @property
+    def end(self) -> int:
+        return self.first_row + self.rows
+
+    def then(self, more: "Routes") -> "Routes":
+        """These rows followed by `more` (which starts where these end)."""
+        if more.first_row != self.end:
+            raise ValueError(f"routes starting at row {more.first_row} follow rows ending at {self.end}")
+        return msgspec.structs.replace(self, rows=self.rows + more.rows, data=self.data + more.data,
+                                       version_spans=joined_spans(self.version_spans, more.version_spans))
+
+    def since(self, row: int) -> "Routes":
+        """The rows from index `row` (>= first_row) on."""
+        off = max(row - self.first_row, 0)
+        width = self.layers * self.top_k * (1 if self.dtype == "uint8" else 2)
+        spans = [(v, max(t, row)) for i, (v, t) in enumerate(self.version_spans)
+                 if i + 1 == len(self.version_spans) or self.version_spans[i + 1][1] > row]
+        return msgspec.structs.replace(self, first_row=self.first_row + off, rows=self.rows - off,
+                                       data=self.data[off * width:], version_spans=spans)
+
+
+def route_spans(token_spans: list[tuple[int, int]], prompt_len: int, first_row: int) -> list[tuple[int, int]]:
+    """The policy versions that routed rows [first_row, ...) of a sequence whose engine prompt has `prompt_len`
+    tokens, from the versions that generated its tokens: row r was an input of the step that produced token
+    r - prompt_len + 1 (the prompt's rows: of the step that produced token 0)."""
+    out = []
+    for v, t in token_spans:
+        row = max(prompt_len + t - 1 if t else 0, first_row)
+        if out and out[-1][1] == row:
+            out[-1] = (v, row)
+        elif not out or out[-1][0] != v:
+            out.append((v, row))
+    return out
 
 
 class SeqResult(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -43,6 +93,7 @@ class SeqResult(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_token_ids: list[list[int]] = []     # [gen_len][top_logprobs], most likely first
     top_logprobs: list[list[float]] = []    # [gen_len][top_logprobs], processed distribution
     num_cached_tokens: int = 0       # prompt tokens found in the engine's prefix cache (not prefilled again)
+    routed_experts: Routes | None = None    # with SeqRequest.return_routed_experts
 
 
 class TokenDelta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -54,6 +105,7 @@ class TokenDelta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     version_spans: list[tuple[int, int]]    # (policy_version, first_token as an index in the whole sequence)
     top_token_ids: list[list[int]] = []     # [new][top_logprobs]
     top_logprobs: list[list[float]] = []
+    routed_experts: Routes | None = None    # rows computed since the previous delta (may be none)
 
 
 def joined_spans(first: list[tuple[int, int]], then: list[tuple[int, int]]) -> list[tuple[int, int]]:

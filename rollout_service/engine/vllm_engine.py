@@ -13,7 +13,7 @@ from rollout_service.config import OPEN_BATCH, EngineConfig, k_mode
 from rollout_service.engine import lifeline
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.cpu_env import is_cpu_platform, prepare_cpu_environment, resolve_dtype
-from rollout_service.engine.types import SeqRequest, SeqResult, TokenDelta
+from rollout_service.engine.types import Routes, SeqRequest, SeqResult, TokenDelta, route_spans
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,16 @@ class VllmEngine(Engine):
         self.cfg = cfg
         self.llm = None
 
+    @property
+    def captures_routes(self) -> bool:
+        """Whether this engine captures routed experts: engine.routed_experts = auto on a mixture-of-experts model."""
+        from rollout_service.model_info import MoeShape
+
+        config = Path(self.model_path) / "config.json"
+        if self.cfg.routed_experts == "off" or not config.is_file():
+            return False
+        return MoeShape.of(json.loads(config.read_text())) is not None
+
     def engine_args(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -75,6 +85,8 @@ class VllmEngine(Engine):
             # Covered by tests/integration/test_generate.py::test_seeded_long_prompt_batch.
             extra = dict(enable_chunked_prefill=False,
                          max_num_batched_tokens=max(self.cfg.max_model_len, 2048))
+        if self.captures_routes:           # routing replay: vLLM's capture (engine/routed_experts.py on the V1 runner)
+            extra.update(enable_return_routed_experts=True)
         spec = speculative_config(self.cfg.speculation)
         if spec is not None:
             extra.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
@@ -142,6 +154,7 @@ class VllmEngine(Engine):
             # plain and speculative steps alike (vLLM's rejection sampler gathers them from the same logits)
             logprobs=req.top_logprobs,
             output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
+            routed_experts_prompt_start=req.routes_from,
         )
 
     async def generate(self, req: SeqRequest, on_delta=None) -> SeqResult:
@@ -151,6 +164,7 @@ class VllmEngine(Engine):
         final = None
         stream = req.stream and on_delta is not None
         parts = _Parts() if req.stream else None
+        rows = _RowStream(req) if stream and req.return_routed_experts else None
         try:
             async for out in llm.generate(
                 {"prompt_token_ids": req.prompt_token_ids}, self._sampling_params(req), req.seq_id
@@ -161,7 +175,11 @@ class VllmEngine(Engine):
                 comp = out.outputs[0]
                 start = parts.add(comp, req.top_logprobs)
                 if stream and not out.finished and len(comp.token_ids):
-                    on_delta(parts.delta(start, self._delta_spans(llm, req.seq_id, start, len(parts.token_ids))))
+                    spans = self._delta_spans(llm, req.seq_id, start, len(parts.token_ids))
+                    delta = parts.delta(start, spans)
+                    if rows is not None:
+                        delta.routed_experts = rows.new(self._request_state(llm, req.seq_id), spans)
+                    on_delta(delta)
                 final = out
         except asyncio.CancelledError:
             # AsyncLLM.generate aborts on cancellation too; this makes sure the engine forgets it.
@@ -180,15 +198,22 @@ class VllmEngine(Engine):
         else:
             result = _to_result(final.outputs[0], self.policy_version, self.draft_version, req.top_logprobs)
         result.num_cached_tokens = int(final.num_cached_tokens or 0)     # vLLM's prefix-cache hit, in tokens
+        if req.return_routed_experts:
+            result.routed_experts = routes_of(final.outputs[0].routed_experts, req, result.version_spans)
         return result
+
+    @staticmethod
+    def _request_state(llm, seq_id: str):
+        """vLLM's front-end state of a running request (output_processor's, keyed by its internal id)."""
+        op = llm.output_processor
+        internal = op.external_req_ids.get(seq_id) or [seq_id]
+        return op.request_states.get(internal[-1])
 
     def _delta_spans(self, llm, seq_id: str, start: int, end: int) -> list[tuple[int, int]]:
         """The policy versions that produced tokens [start, end) of a running sequence: vLLM's front end records
         the weight version of every step's output per request (output_processor's request state; the finished
         output carries the same as weight_versions). Falls back to this engine's label."""
-        op = llm.output_processor                  # its states are keyed by vLLM's internal request ids
-        internal = op.external_req_ids.get(seq_id) or [seq_id]
-        state = op.request_states.get(internal[-1])
+        state = self._request_state(llm, seq_id)
         starts = list(getattr(state, "weight_version_starts", None) or [])
         try:
             spans = [(int(v), max(t, start)) for i, (v, t) in enumerate(starts)
@@ -303,6 +328,44 @@ class VllmEngine(Engine):
             self.llm.shutdown()
             self.llm = None
         self.state = EngineState.STOPPED
+
+
+def routes_of(rows, req: SeqRequest, token_spans: list[tuple[int, int]], first_row: int | None = None) -> Routes:
+    """vLLM's routed-experts rows ([rows, layers, top_k], uint8 or uint16; None: none this time) -> Routes from row
+    `first_row` (default: the request's routes_from), with the versions that routed them."""
+    import numpy as np
+
+    first = req.routes_from if first_row is None else first_row
+    if rows is None:
+        raise RuntimeError(f"{req.seq_id}: the engine returned no routed experts (is it capturing them? "
+                           "engine.routed_experts)")
+    rows = np.ascontiguousarray(rows)
+    dtype = "uint8" if rows.dtype == np.uint8 else "uint16"
+    return Routes(first_row=first, rows=rows.shape[0], layers=rows.shape[1], top_k=rows.shape[2], dtype=dtype,
+                  data=rows.astype("<u1" if dtype == "uint8" else "<u2", copy=False).tobytes(),
+                  version_spans=route_spans(token_spans, len(req.prompt_token_ids), first))
+
+
+class _RowStream:
+    """The routed-experts rows of a streamed request that no delta carried yet (vLLM's front end keeps each step's
+    rows in the request's state until it finishes)."""
+
+    def __init__(self, req: SeqRequest):
+        self.req = req
+        self.chunks = 0                      # chunks of the request state already sent
+        self.next_row = req.routes_from
+
+    def new(self, state, spans: list[tuple[int, int]]) -> Routes | None:
+        import numpy as np
+
+        chunks = getattr(state, "routed_experts_chunks", None) or []
+        fresh = chunks[self.chunks:]
+        if not fresh:
+            return None
+        self.chunks = len(chunks)
+        out = routes_of(np.concatenate(fresh, axis=0), self.req, spans, self.next_row)
+        self.next_row = out.end
+        return out
 
 
 def _logprobs(comp, token_ids: list[int], k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:

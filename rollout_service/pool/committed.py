@@ -4,25 +4,62 @@ tensor's committed value lives (the original checkpoint, overlaid by the files o
 The pool owns it (EnginePool.committed). The weight committer records each commit here; restarts and joins
 replay it; rollbacks read the previous values from it. The file methods block (they move, copy and read a
 model's worth of bytes): callers run them in a thread.
+
+Durable (a configured state_dir): the record also lives in `state_dir/committed.json`, written atomically (a new
+file, fsynced, renamed over the old one) after the commit's weight files are in place and fsynced, and before any
+file the previous record needs is removed. A server killed at any point of a commit therefore restarts at the
+old or the new version, never a mixture, and a restarted server (a new process on the same state_dir) comes
+back at the last committed versions. Without a state_dir the record lives in the process's scratch folder and a
+restarted server serves its model's version 0.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
+from rollout_service.config import ConfigError
+from rollout_service.faults import crash_point
 from rollout_service.scratch import recycle
 
+log = logging.getLogger(__name__)
 TARGETS = ("policy", "drafter")
+RECORD = "committed.json"
+FORMAT = 1
+
+
+class StateMismatch(ConfigError):
+    """The state_dir holds commits of another model than the one this server is started on."""
+
+
+def fingerprint(checkpoint: Path) -> str:
+    """A checkpoint's identity for the durable record: its config.json and the names and sizes of its weight files
+    (cheap: no tensor is read)."""
+    h = hashlib.sha256()
+    config = checkpoint / "config.json"
+    h.update(config.read_bytes() if config.is_file() else b"")
+    for f in sorted(checkpoint.glob("*.safetensors")):
+        h.update(f"{f.name}:{f.stat().st_size};".encode())
+    return h.hexdigest()[:32]
 
 
 class CommittedWeights:
-    def __init__(self, checkpoints: dict[str, str | Path | None] | None, state_dir: Path, spare_dir: Path):
+    def __init__(self, checkpoints: dict[str, str | Path | None] | None, state_dir: Path, spare_dir: Path,
+                 durable: bool = False):
         self.versions = {t: 0 for t in TARGETS}
         # target -> the original checkpoint dir (None: the service has no such target)
         self.checkpoints = {t: Path(p) if p else None for t, p in (checkpoints or {}).items()}
         self.state_dir = state_dir
         self.spare_dir = spare_dir                       # files no longer needed become the next push's staging
         self.overlay: dict[str, dict[str, Path]] = {t: {} for t in TARGETS}   # name -> file holding its value
+        self.durable = durable
+        self.restored = {t: 0 for t in TARGETS}          # versions read back from state_dir at start-up
+        self.aside: dict[str, dict] = {}                 # target -> its record for another checkpoint, kept as is
+        if durable:
+            self._restore()
 
     def has(self, target: str) -> bool:
         return self.checkpoints.get(target) is not None
@@ -32,9 +69,9 @@ class CommittedWeights:
         return sorted(set(self.overlay[target].values()))
 
     def record(self, files: list[Path], target: str, version: int, keep: bool) -> list[Path]:
-        """Make `files` (safetensors) the committed values of the tensors they hold. keep=False moves them into
-        the state folder, keep=True (files the caller still owns: LoadWeights) copies them. Files no tensor
-        refers to any more are recycled. Returns the recorded paths."""
+        """Make `files` (safetensors) the committed values of the tensors they hold, as `version` of `target`.
+        keep=False moves them into the state folder, keep=True (files the caller still owns: LoadWeights) copies
+        them. Files no tensor refers to any more are recycled. Returns the recorded paths."""
         from safetensors import safe_open
 
         folder = self.state_dir / target
@@ -46,11 +83,18 @@ class CommittedWeights:
                 shutil.copyfile(f, dest)
             else:
                 shutil.move(f, dest)
+            if self.durable:
+                _fsync(dest)
             kept.append(dest)
+        crash_point("files_recorded")
         for dest in kept:
             with safe_open(dest, "pt") as fh:
                 for name in fh.keys():
                     self.overlay[target][name] = dest
+        self.versions[target] = version
+        if self.durable:
+            self._write_record()
+        crash_point("manifest_written")
         live = set(self.overlay[target].values())
         for old in folder.glob("*.safetensors"):
             if old not in live:
@@ -74,7 +118,80 @@ class CommittedWeights:
                 for name in fh.keys():
                     if name in wanted and name not in values:
                         values[name] = fh.get_tensor(name)
-        out = self.state_dir / f"rollback-{target}.safetensors"
+        out = self.spare_dir / f"rollback-{target}.safetensors"
         out.parent.mkdir(parents=True, exist_ok=True)
         save_file(values, str(out))
         return out
+
+    # ---- the durable record ---------------------------------------------------------------------------
+    def _write_record(self) -> None:
+        record = {
+            "format": FORMAT,
+            "versions": dict(self.versions),
+            "checkpoints": {t: {"path": str(p), "fingerprint": fingerprint(p)}
+                            for t, p in self.checkpoints.items() if p is not None},
+            "overlay": {t: {name: str(f.relative_to(self.state_dir)) for name, f in sorted(files.items())}
+                        for t, files in self.overlay.items()},
+        }
+        for target, old in self.aside.items():     # until this server commits that target itself
+            if not self.overlay[target]:
+                record["versions"][target] = old["version"]
+                record["checkpoints"][target] = old["checkpoint"]
+                record["overlay"][target] = old["overlay"]
+        tmp = self.state_dir / (RECORD + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(record, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.state_dir / RECORD)
+        _fsync(self.state_dir)                     # the rename itself
+
+    def _restore(self) -> None:
+        """Read state_dir's record (if any) back: the versions and the overlay files; remove files no record
+        refers to (a commit killed before its record was written). A record for another policy model is refused;
+        one for another drafter is set aside (the drafter starts at version 0)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / (RECORD + ".tmp")).unlink(missing_ok=True)
+        path = self.state_dir / RECORD
+        record = json.loads(path.read_text()) if path.is_file() else None
+        if record is not None and record.get("format") != FORMAT:
+            raise StateMismatch(f"{path}: record format {record.get('format')!r}, this server reads {FORMAT}")
+        for target in TARGETS:
+            if record is None or not record["overlay"].get(target):
+                continue
+            ckpt = self.checkpoints.get(target)
+            saved = record["checkpoints"].get(target, {})
+            version = record["versions"][target]
+            if ckpt is None or saved.get("fingerprint") != fingerprint(ckpt):
+                why = (f"state_dir {self.state_dir} holds {target} version {version} committed over "
+                       f"{saved.get('path')}, but this server's {target} is {ckpt or 'none'}")
+                if target == "policy":
+                    raise StateMismatch(why + ": start it on that model, or with another (or an emptied) "
+                                              "state_dir to start from version 0")
+                log.warning("%s: the drafter starts at version 0 (that record is kept until this server commits a "
+                            "drafter)", why)
+                self.aside[target] = {"version": version, "checkpoint": saved, "overlay": record["overlay"][target]}
+                continue
+            files = {name: self.state_dir / rel for name, rel in record["overlay"][target].items()}
+            missing = sorted({str(f) for f in files.values() if not f.is_file()})
+            if missing:
+                raise StateMismatch(f"state_dir {self.state_dir}: {target} version {version}'s weight files are "
+                                    f"missing ({', '.join(missing[:3])}); restore them or start with an emptied "
+                                    "state_dir")
+            self.overlay[target] = files
+            self.versions[target] = self.restored[target] = version
+        for target in TARGETS:                     # files of commits that never reached the record
+            if target in self.aside:
+                continue
+            live = set(self.overlay[target].values())
+            for f in (self.state_dir / target).glob("*.safetensors"):
+                if f not in live:
+                    f.unlink()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

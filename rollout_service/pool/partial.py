@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from rollout_service.engine.types import SeqResult, TokenDelta, joined_spans
+from rollout_service.engine.types import Routes, SeqResult, TokenDelta, joined_spans
 
 
 class Partial(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -19,6 +19,7 @@ class Partial(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     version_spans: list[tuple[int, int]]         # (policy_version, first_token), the first at 0
     top_token_ids: list[list[int]] = []          # [len][k] when the request asks for top_logprobs = k
     top_logprobs: list[list[float]] = []
+    routed_experts: Routes | None = None         # its rows [0, prompt + len - 1), when the client kept them
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -26,8 +27,11 @@ class Partial(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     def joined(self, r: SeqResult) -> SeqResult:
         """The whole sample: this partial followed by the engine's result r (r's indices start after it)."""
         spans = joined_spans(self.version_spans if len(self) else [], [(v, t + len(self)) for v, t in r.version_spans])
+        routes = r.routed_experts        # rows are indexed in the whole sequence already (the engine's prompt
+        if routes is not None and self.routed_experts is not None:   # is the prompt and this partial's tokens)
+            routes = self.routed_experts.then(routes)
         return msgspec.structs.replace(
-            r, token_ids=self.token_ids + r.token_ids, logprobs=self.logprobs + r.logprobs,
+            r, routed_experts=routes, token_ids=self.token_ids + r.token_ids, logprobs=self.logprobs + r.logprobs,
             top_token_ids=self.top_token_ids + r.top_token_ids, top_logprobs=self.top_logprobs + r.top_logprobs,
             version_spans=spans, policy_version=spans[0][0] if spans else r.policy_version)
 

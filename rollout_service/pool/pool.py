@@ -29,10 +29,11 @@ log = logging.getLogger(__name__)
 class EnginePool:
     def __init__(self, engines: list[Engine], *, max_queue: int, idempotency_ttl_s: float = 600.0,
                  checkpoints: dict[str, str | Path | None] | None = None, max_sessions: int = 100_000,
-                 session_max_imbalance: int = 32):
+                 session_max_imbalance: int = 32, state_dir: str | Path = ""):
         """checkpoints: target ("policy", "drafter") -> the model directory the engines start from (None or
         absent: the service has no such target, pushes to it are refused). max_sessions, session_max_imbalance:
-        session routing (sessions.py; config.SessionConfig)."""
+        session routing (sessions.py; config.SessionConfig). state_dir: where commits survive a restart (empty:
+        they do not; committed.py)."""
         if not engines:
             raise ValueError("a pool needs at least one engine")
         self.engines = engines
@@ -49,7 +50,8 @@ class EnginePool:
         self.joining: set[str] = set()                   # engines being scaled out: not ready yet
         # What every serving engine holds: the one record of what the service serves (GetStatus, admission,
         # metrics, restarts). Only the weight committer changes it (record, then label() tells the engines).
-        self.committed = CommittedWeights(checkpoints, scratch_root() / "committed", spare_dir=scratch_root())
+        self.committed = CommittedWeights(checkpoints, Path(state_dir) if state_dir else scratch_root() / "committed",
+                                          spare_dir=scratch_root(), durable=bool(state_dir))
         self.versions = self.committed.versions
         # Held by every change to what is served (a commit) and to which engines serve (restart, join, leave),
         # so that an engine joins or leaves only between commits and catches up with all of them.
@@ -59,7 +61,8 @@ class EnginePool:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Engines in processes of their own (Ray actors) start together; the others one at a time."""
+        """Engines in processes of their own (Ray actors) start together; the others one at a time. Commits a
+        previous server recorded in the state_dir are replayed on each before it serves."""
         apart = [e for e in self.engines if e.starts_apart]
         together = asyncio.gather(*(e.start() for e in apart))
         try:
@@ -68,6 +71,22 @@ class EnginePool:
                     await e.start()
         finally:
             await together
+        if any(self.committed.restored.values()):
+            async with self.push_lock:
+                for e in self.engines:
+                    e.state = EngineState.STARTING      # not routed to until it serves the committed versions
+                    await self._catch_up(e)
+                    e.state = EngineState.READY
+            log.info("restored from %s: policy version %d, drafter version %d", self.committed.state_dir,
+                     self.policy_version, self.draft_version)
+
+    async def _catch_up(self, engine: Engine) -> None:
+        """Bring an engine started from the checkpoints to the committed versions: replay every committed push
+        (policy and drafter) and label the versions. Under the push lock."""
+        for target in ("policy", "drafter"):
+            for f in self.committed.replay_files(target):
+                await engine.load_weights(str(f), target)
+        await engine.set_versions(self.policy_version, self.draft_version)
 
     async def shutdown(self) -> None:
         """Fail every unfinished request with UNAVAILABLE, then stop the engines."""
@@ -111,10 +130,7 @@ class EnginePool:
                 await engine.shutdown()
                 await engine.start()
                 engine.state = EngineState.STARTING     # not routed to until it matches the others
-                for target in ("policy", "drafter"):
-                    for f in self.committed.replay_files(target):
-                        await engine.load_weights(str(f), target)
-                await engine.set_versions(self.policy_version, self.draft_version)
+                await self._catch_up(engine)
                 engine.state = EngineState.READY
             except Exception:  # noqa: BLE001 - a failed restart leaves the engine out of service, not the server
                 log.exception("%s: restart failed; it stays unhealthy", engine.id)

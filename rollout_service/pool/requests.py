@@ -15,7 +15,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from rollout_service.engine.types import SeqResult, TokenDelta, joined_spans
+from rollout_service.engine.types import Routes, SeqResult, TokenDelta, joined_spans
 from rollout_service.errors import ServiceError
 
 
@@ -43,6 +43,7 @@ class Progress:
     top_token_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
     version_spans: list[tuple[int, int]] = field(default_factory=list)
+    routes: Routes | None = None     # routed-experts rows reported so far (GenerateRequest.return_routed_experts)
 
     def extend(self, d: TokenDelta) -> None:
         if d.start != self.end:          # never: an engine reports every token once, in order
@@ -52,20 +53,30 @@ class Progress:
         self.top_token_ids += d.top_token_ids
         self.top_logprobs += d.top_logprobs
         self.version_spans = joined_spans(self.version_spans, d.version_spans)
+        if d.routed_experts is not None:
+            self.routes = d.routed_experts if self.routes is None else self.routes.then(d.routed_experts)
+
+    @property
+    def rows_end(self) -> int:
+        """The index after the last routed-experts row held (0: none)."""
+        return self.routes.end if self.routes is not None else 0
 
     @property
     def end(self) -> int:
         """The index after the last token held."""
         return self.first + len(self.token_ids)
 
-    def since(self, start: int) -> TokenDelta:
-        """The tokens from index `start` (>= first) on, with the versions that produced them."""
+    def since(self, start: int, row: int = 0) -> TokenDelta:
+        """The tokens from index `start` (>= first) on, with the versions that produced them, and the routed-experts
+        rows from index `row` on."""
         off = start - self.first
         spans = [(v, max(t, start)) for i, (v, t) in enumerate(self.version_spans)
                  if i + 1 == len(self.version_spans) or self.version_spans[i + 1][1] > start]
         return TokenDelta(start=start, token_ids=self.token_ids[off:], logprobs=self.logprobs[off:],
                           version_spans=spans, top_token_ids=self.top_token_ids[off:],
-                          top_logprobs=self.top_logprobs[off:])
+                          top_logprobs=self.top_logprobs[off:],
+                          routed_experts=self.routes.since(row) if self.routes is not None and self.rows_end > row
+                          else None)
 
 
 @dataclass(eq=False)
@@ -115,7 +126,8 @@ class RequestRecord:
         """Yield every result from the first; raise the record's error, if any, at the end. deltas: also yield an
         IndexedDelta with the tokens of each unfinished sample that are new since this reader's last one."""
         i = 0
-        sent: dict[tuple[int, int], int] = {}          # tokens of each unfinished sample this reader has sent
+        sent: dict[tuple[int, int], tuple[int, int]] = {}   # per unfinished sample: the tokens and routed-experts
+        #                                                     rows this reader has sent
         while True:
             changed = self.changed
             moved = False
@@ -125,10 +137,10 @@ class RequestRecord:
                 moved = True
             if deltas:
                 for key, prog in list(self.progress.items()):
-                    at = sent.get(key, prog.first)
+                    at, row = sent.get(key, (prog.first, 0))
                     if prog.end > at and key in self.progress:
-                        sent[key] = prog.end
-                        yield IndexedDelta(key[0], key[1], prog.since(at))
+                        sent[key] = (prog.end, prog.rows_end)
+                        yield IndexedDelta(key[0], key[1], prog.since(at, row))
                         moved = True
             if moved:                                    # a yield may have waited: look again before sleeping
                 continue

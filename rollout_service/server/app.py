@@ -98,12 +98,13 @@ class RolloutServer:
         self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s,
                                checkpoints={"policy": model.path, "drafter": drafter},
                                max_sessions=cfg.sessions.max_sessions,
-                               session_max_imbalance=cfg.sessions.max_imbalance)
+                               session_max_imbalance=cfg.sessions.max_imbalance, state_dir=cfg.state_dir)
         self.weights = WeightService.create(self.pool, serving_dtype(cfg, model.path),
                                             weights_roots=weights_roots(cfg))
         self.creds = load_credentials(cfg.security, cfg.host)
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens,
-                        cfg.max_top_logprobs)
+                        cfg.max_top_logprobs,
+                        routed_experts=model.moe is not None and cfg.engine.routed_experts == "auto")
         self.scaler = Scaler(self.pool, factory)
         self.transfer = WeightTransfer.from_config(self.weights, transfer_backend_of(cfg), cfg)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
@@ -167,6 +168,9 @@ class RolloutServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s (policy version %d); LoadWeights reads only below %s", self.servicer.model.path,
                  self.pool.policy_version, ", ".join(str(r) for r in self.weights.roots))
+        if not self.pool.committed.durable:
+            log.warning("no state_dir: commits are not kept across a restart; a restarted server serves its "
+                        "model's version 0 (set --state-dir on a volume to keep them)")
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -7,6 +7,8 @@ from rollout_service.errors import invalid_field
 from rollout_service.weights.service import Header, PushOutcome
 from rollout_service.weights.transfer import Meta
 from rollout_service.engine.base import EngineState
+from rollout_service.engine.types import Routes
+from rollout_service.model_info import MoeShape
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedDelta, IndexedResult
 from rollout_service.speculation.speedup import expected_speedup, measured_mean_acceptance_length
@@ -38,7 +40,15 @@ def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: boo
         top_token_ids=[t for row in r.top_token_ids for t in row],
         top_logprobs=[lp for row in r.top_logprobs for lp in row],
         num_cached_tokens=r.num_cached_tokens,
+        routed_experts=routes_to_proto(r.routed_experts),
     )
+
+
+def routes_to_proto(r: Routes | None) -> pb.RoutedExperts | None:
+    if r is None:
+        return None
+    return pb.RoutedExperts(ids=r.data, shape=[r.rows, r.layers, r.top_k], dtype=r.dtype, first_row=r.first_row,
+                            version_spans=[pb.VersionSpan(policy_version=v, first_token=t) for v, t in r.version_spans])
 
 
 def delta_to_proto(item: IndexedDelta, num_prompt_tokens: int) -> pb.Sample:
@@ -51,6 +61,7 @@ def delta_to_proto(item: IndexedDelta, num_prompt_tokens: int) -> pb.Sample:
         num_prompt_tokens=num_prompt_tokens, delta=True, delta_start=d.start,
         top_token_ids=[t for row in d.top_token_ids for t in row],
         top_logprobs=[lp for row in d.top_logprobs for lp in row],
+        routed_experts=routes_to_proto(d.routed_experts),
     )
 
 
@@ -78,7 +89,8 @@ def k_control_to_proto(mode: str, snapshots: dict[str, dict]) -> pb.KControl:
 
 def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len: int,
                     spec_method: str = "none", k: int = 0, draft_cost: float = -1.0,
-                    k_mode: str = "none") -> pb.Status:
+                    k_mode: str = "none", moe: MoeShape | None = None, routes: str = "") -> pb.Status:
+    """moe: the policy's routing shape (None: dense); routes: how its routes are captured ("": not captured)."""
     t = pool.telemetry
     tok_s, smp_s = t.rates()
     spec, warnings = [], []
@@ -117,6 +129,11 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
         samples_total=t.samples_total, tokens_total=t.tokens_total, vocab_size=vocab_size,
         max_model_len=max_model_len, warnings=warnings, k_control=k_control_to_proto(k_mode, t.k_control),
         sessions=session_stats_to_proto(pool.sessions),
+        durability=pb.Durability(state_dir=str(pool.committed.state_dir) if pool.committed.durable else "",
+                                 restored_policy_version=pool.committed.restored["policy"],
+                                 restored_draft_version=pool.committed.restored["drafter"]),
+        moe=pb.MoeInfo(num_experts=moe.num_experts, top_k=moe.top_k, num_layers=moe.num_layers, capture=routes)
+        if moe else None,
     )
 
 

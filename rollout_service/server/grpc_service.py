@@ -114,11 +114,19 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         await self.pool.refresh_k_control(0.5)          # the k controller's state as of now, not of the last second
         return self.status()
 
+    def routes_capture(self) -> str:
+        """How routed experts are captured: vLLM's own capture, driven by this project's V1-runner patch where vLLM
+        drives it only on Model Runner V2 (engine/routed_experts.py); "" when they are not captured."""
+        if not self.limits.routed_experts:
+            return ""
+        patched = any(p["name"] == "v1_routed_experts" and p["state"] == "applied" for p in self.pool.patch_report())
+        return "vllm_v1_patch" if patched else "vllm"
+
     def status(self) -> pb.Status:
         sp = self.speculation
         k = sp.num_speculative_tokens if sp.method != "none" else 0
         status = status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
-                                 sp.method, k, sp.draft_cost, k_mode(sp))
+                                 sp.method, k, sp.draft_cost, k_mode(sp), self.model.moe, self.routes_capture())
         if self.transfer.group is not None:
             status.weight_transfer.CopyFrom(group_to_proto(self.transfer.group))
         for w in status.warnings:

@@ -23,6 +23,7 @@ import grpc
 
 from rollout_service.engine.base import EngineState
 from rollout_service.errors import ServiceError
+from rollout_service.faults import crash_point
 from rollout_service.pool.pool import EnginePool
 from rollout_service.scratch import recycle
 from rollout_service.weights.shield import run_to_end
@@ -83,9 +84,11 @@ class WeightCommitter:
             prepare = prepare or (lambda es: [e.prepare_weights(files, target) for e in es])
             prepared = await self._prepare(engines, prepare(engines), version, target)   # engines keep generating
             prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
+            crash_point("prepared")
             held = self.pool.held is not None                               # paused by an operator already
             if not held:
                 await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
+            crash_point("paused")
             t_apply = time.perf_counter()                              # from here on nothing generates
             swapped = []
             try:
@@ -104,10 +107,13 @@ class WeightCommitter:
                                    f"({type(err).__name__}: {err}); every engine still serves {target} version "
                                    f"{self.pool.versions[target]}") from err
             apply_s = time.perf_counter() - t_apply
+            crash_point("applied")
             await self.pool.label(engines, **{target: version})
+            crash_point("labelled")
             if not held:
                 await asyncio.gather(*(e.resume() for e in engines))
             pause_s = time.perf_counter() - t_apply
+            crash_point("resumed")
             # Copying the committed file away (LoadWeights: a whole model) must not stall the event loop.
             await asyncio.to_thread(self.committed.record, files, target, version, keep_files)
             log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",

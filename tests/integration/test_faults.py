@@ -39,9 +39,15 @@ def engine_cores(pid: int) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def own(tiny_model, tmp_path_factory):
+def state_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def own(tiny_model, tmp_path_factory, state_dir):
     log = tmp_path_factory.mktemp("faults") / "service.log"
-    with running_service(tiny_model, log, "--weight-reload", "in_place", clean_exit=False) as svc:
+    with running_service(tiny_model, log, "--weight-reload", "in_place", "--state-dir", str(state_dir),
+                         clean_exit=False) as svc:
         yield svc, log
 
 
@@ -166,3 +172,24 @@ def test_sigterm_with_streams_and_a_push_in_flight_exits_cleanly(own, tiny_model
     wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
              "engine processes to exit")
     assert not any(p.exists() for p in staging), "the staging folder (RAM on /dev/shm) outlived the server"
+
+
+def test_a_restarted_service_comes_back_at_the_committed_version(own, tiny_model, state_dir, tmp_path):
+    """After the service above ended (its last commit: version 1, from the first test), a new service on the same
+    state_dir serves version 1's weights before it says ready, labelled 1; SIGKILLed, its engines follow it."""
+    v1 = perturbed_copy(tiny_model, tmp_path / "v1", scale=0.05, seed=3)      # the first test's version 1
+    reference = AutoModelForCausalLM.from_pretrained(v1, dtype=torch.float32).eval()
+    with running_service(tiny_model, tmp_path / "again.log", "--state-dir", str(state_dir), clean_exit=False) as svc:
+        with RolloutClient(svc.target) as c:
+            st = c.status()
+            assert st.ready and st.policy_version == 1 and st.engines[0].policy_version == 1
+            assert st.durability.state_dir == str(state_dir) and st.durability.restored_policy_version == 1
+            for s in c.generate_all(PROMPT, n=2, max_tokens=12, seed=7, temperature=1.0)[0]:
+                assert s.policy_version == 1
+                ref = processed_logprobs(reference, PROMPT[0], s.token_ids.tolist(), 1.0, 0, 1.0)
+                np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=2e-3, rtol=0)
+        children = psutil.Process(svc.proc.pid).children(recursive=True)
+        svc.proc.send_signal(signal.SIGKILL)
+        svc.proc.wait(30)
+        wait_for(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 30,
+                 "engine processes to follow the killed front end")

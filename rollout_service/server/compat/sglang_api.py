@@ -16,6 +16,7 @@ from rollout_service.api import pb
 from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
 from rollout_service.pool.requests import IndexedDelta, IndexedResult, Progress
+from rollout_service.server.compat.routes import routes_raw_base64
 from rollout_service.server.compat.gateway import (
     MIN_LOGPROB,
     DialectError,
@@ -95,6 +96,7 @@ def parse_generate(body: dict) -> tuple[pb.GenerateRequest, bool, bool, bool]:
     stream = f.bool("stream")
     req.stream_tokens = stream
     req.return_partial = True            # as SGLang: an aborted sample answers the tokens it has
+    req.return_routed_experts = f.bool("return_routed_experts")   # meta_info.routed_experts (routing replay)
     return req, batched, f.bool("return_logprob"), stream
 
 
@@ -124,6 +126,8 @@ def _sample(item, text: str, prompt_len: int, rid: str, return_logprob: bool) ->
         if r.top_token_ids:       # SGLang's shape: per position [[logprob, token_id, text], ...], most likely first
             meta["output_top_logprobs"] = [[[max(lp, MIN_LOGPROB), t, None] for t, lp in zip(ts, ls)]
                                            for ts, ls in zip(r.top_token_ids, r.top_logprobs)]
+    if r.routed_experts is not None and r.finish_reason is not None:
+        meta["routed_experts"] = routes_raw_base64(r.routed_experts)    # as SGLang: raw int32, [tokens - 1, L, K]
     return {"text": text, "output_ids": r.token_ids, "meta_info": meta}
 
 

@@ -22,6 +22,7 @@ from rollout_service.api import pb
 from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
 from rollout_service.pool.requests import IndexedDelta, IndexedResult
+from rollout_service.server.compat.routes import routes_npy_base64
 from rollout_service.server.compat.gateway import (
     MIN_LOGPROB,
     DialectError,
@@ -230,6 +231,8 @@ class Writer:
                 c["prompt_token_ids"] = self.checked.prompt_token_ids[item.prompt_index]
         c["weight_versions"] = _weight_versions(r)
         c["rollout"] = rollout_fields(r)
+        if r.routed_experts is not None and r.finish_reason is not None:   # as vLLM: the whole sample's rows
+            c["routed_experts"] = routes_npy_base64(r.routed_experts)
         return c
 
     def aborted_choice(self, p: int, s: int) -> dict:
@@ -262,6 +265,7 @@ class Writer:
 
 
 async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling) -> Response:
+    req.return_routed_experts = gw.servicer.limits.routed_experts    # as vLLM's server capturing them: always
     async with gw.generate(req, spelling) as (checked, samples):
         items, error = [], None
         try:
@@ -287,6 +291,7 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
     choice's last chunk with the rest and its finish reason, the usage chunk (stream_options.include_usage) and
     [DONE]."""
     req.stream_tokens = True
+    req.return_routed_experts = gw.servicer.limits.routed_experts
     cm = gw.generate(req, spelling, deltas=True)
     checked, samples = await cm.__aenter__()          # a refusal here raises DialectError: a plain HTTP error
     w = Writer(gw, opts, checked, req)
