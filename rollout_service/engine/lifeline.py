@@ -7,11 +7,14 @@ everything under that, and itself. vLLM's EngineCore does not watch its parent (
 EngineCore), so a SIGKILLed server used to leave EngineCore and its workers running, re-parented to init.
 
 PR_SET_PDEATHSIG is not used here: it fires when the parent *thread* exits, and AsyncLLM starts EngineCore
-from a worker thread of the server's executor. Linux only (/proc); elsewhere this does nothing.
+from a worker thread of the server's executor (an engine core forked from engine/forkserver.py does use it: the fork
+server forks from its only thread). The thread here waits on a pidfd of the server, so the kernel wakes it at the
+server's exit: no polling interval to wait out on a busy machine. Linux only (/proc); elsewhere this does nothing.
 """
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
@@ -77,9 +80,25 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+def _wait_for_exit(pid: int, start: str) -> None:
+    """Return once `pid` (started at `start`) is gone: blocked on a pidfd (woken by the kernel at its exit, nothing to
+    poll, however busy the machine), else polling /proc."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        if fd is not None and _alive(pid, start):         # the pidfd is that process's, not a reuse of its pid
+            select.select([fd], [], [])
+        while _alive(pid, start):
+            time.sleep(POLL_S)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def _watch(front_end: int, start: str, root: int) -> None:
-    while _alive(front_end, start):
-        time.sleep(POLL_S)
+    _wait_for_exit(front_end, start)
     me = os.getpid()
     for pid in _descendants(root):             # the root first: it stops starting new processes
         if pid != me:
@@ -104,6 +123,13 @@ def arm() -> None:
         _watch(int(pid), start, _engine_root(int(pid)))
     threading.Thread(target=_watch, args=(int(pid), start, _engine_root(int(pid))), name="rollout-lifeline",
                      daemon=True).start()
+
+
+def rearm() -> None:
+    """In a process forked from an armed one (threads are not inherited): start this process's own watch."""
+    global _armed
+    _armed = False
+    arm()
 
 
 arm()
