@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -15,15 +14,14 @@ from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedDelta, RequestRecord
 from rollout_service.pool.scaling import Scaler
 from rollout_service.server.auth import Credentials, caller_id
+from rollout_service.server.service import TOKENIZER, RolloutService
 from rollout_service.server.convert import (delta_to_proto, group_to_proto, header_from_proto, metas_from_proto,
                                             push_result_to_proto, sample_to_proto, status_to_proto, target_and_mode)
-from rollout_service.validation import CheckedRequest, Limits, check_generate
+from rollout_service.validation import CheckedRequest, Limits
 from rollout_service.weights.service import Chunk, Trailer, WeightService
 from rollout_service.weights.transfer import WeightTransfer
 
 log = logging.getLogger(__name__)
-TOKENIZER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
-HEAVY_REQUEST_BYTES = 256 << 10      # checked in TOKENIZER's thread above this size (or with text prompts)
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
@@ -42,6 +40,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.limits = limits
         self.weights = weights
         self.transfer = transfer or WeightTransfer(weights, "none", 120.0)
+        self.service = RolloutService(pool, model, limits, weights, self.transfer)   # what the HTTP dialects call
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         caller = caller_id(context, self.creds)
@@ -61,23 +60,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                 del self.streams[caller]
 
     async def admit(self, request: pb.GenerateRequest) -> tuple[CheckedRequest, RequestRecord]:
-        """Check a request and admit it to the pool (or find the record it retries): the one admission path,
-        shared by Generate and the HTTP dialects (server/compat/). Raises ServiceError."""
-        if any(p.text for p in request.prompts) or request.ByteSize() > HEAVY_REQUEST_BYTES:
-            # tokenising text (chat templates) and hashing a large request take milliseconds to seconds:
-            # not on the event loop. One thread: a Hugging Face tokenizer is not safe to share across threads.
-            checked = await asyncio.get_running_loop().run_in_executor(
-                TOKENIZER, check_generate, request, self.model, self.limits)
-        else:
-            checked = check_generate(request, self.model, self.limits)
-        if request.min_policy_version > self.pool.policy_version:
-            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"min_policy_version={request.min_policy_version} but the service serves "
-                               f"policy version {self.pool.policy_version}; push newer weights first or "
-                               "lower min_policy_version")
-        return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups,
-                                         session=checked.session_id, partials=checked.partials,
-                                         return_partial=checked.return_partial)
+        """The service layer's admission (server/service.py), as the HTTP dialects call it too."""
+        return await self.service.admit(request)
 
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK
@@ -129,6 +113,9 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                                  sp.method, k, sp.draft_cost, k_mode(sp), self.model.moe, self.routes_capture())
         if self.transfer.group is not None:
             status.weight_transfer.CopyFrom(group_to_proto(self.transfer.group))
+        elif self.transfer.last_error:             # why the last group closed (a trainer gone, a push failed)
+            status.warnings.append("weight transfer: " + "".join(map(str, self.transfer.last_error)) +
+                                   "; InitWeightTransfer sets a group up again")
         for w in status.warnings:
             if w not in self._warned:
                 self._warned.add(w)

@@ -63,7 +63,7 @@ def build_http_app(servicer, creds=None, session_key_from=None) -> FastAPI:
     from rollout_service.server.compat.gateway import Gateway
     from rollout_service.server.compat import sglang_api, vllm_api
 
-    app.state.gateway = Gateway(servicer, session_key_from)
+    app.state.gateway = Gateway(servicer.service, session_key_from)   # the service layer, as gRPC calls it
     app.include_router(vllm_api.router)
     app.include_router(sglang_api.router)
     return app

@@ -92,6 +92,7 @@ def test_readyz_answers_a_probe_without_a_token_and_says_no_more():
     async def main():
         pool = EnginePool([FakeEngine("e0", vocab_size=100)], max_queue=4)
         servicer = type("Servicer", (), {"pool": pool})()
+        servicer.service = servicer                  # the service layer the HTTP dialects call (only its pool here)
         app = build_http_app(servicer, Credentials(T, A))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
             r = await c.get("/readyz")

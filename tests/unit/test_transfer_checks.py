@@ -281,6 +281,13 @@ def test_a_trainer_whose_rendezvous_goes_away_closes_its_group(make_transfer, mo
             await asyncio.sleep(0.05)
         assert t.group is None and "stopped answering" in t.last_error[0]
         assert pool.engines[0].events[-1] == ("close_transfer",)
+        from rollout_service.server.grpc_service import RolloutServicer
+        from rollout_service.validation import Limits
+
+        servicer = RolloutServicer(pool, type("Model", (), {"path": "m", "vocab_size": 10, "max_model_len": 64,
+                                                            "moe": None})(), Limits(1, 1), t.weights, transfer=t)
+        st = servicer.status()                                # GetStatus says so
+        assert not st.weight_transfer.joined and any("stopped answering" in w for w in st.warnings), st.warnings
         e = await error_of(push(t, 1))
         assert e.code is grpc.StatusCode.FAILED_PRECONDITION and "stopped answering" in e.message
     asyncio.run(main())

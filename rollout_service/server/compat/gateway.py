@@ -1,6 +1,6 @@
-"""What the HTTP dialects share: the one admission path (RolloutServicer.admit, as gRPC Generate uses it),
-weight loads through the same commit as LoadWeights, ServiceError -> HTTP status, and the extension
-fields that tell every answer's policy version(s) and drafter statistics.
+"""What the HTTP dialects share: the service layer gRPC calls too (server/service.py: the one admission path, weight
+loads through the same commit as LoadWeights, the weight-transfer group), ServiceError -> HTTP status, and the
+extension fields that tell every answer's policy version(s) and drafter statistics.
 
 A dialect parses its JSON into a GenerateRequest (rejecting what it cannot serve, naming the field), runs it
 here, and writes the samples in its own shape. Nothing here knows a dialect.
@@ -10,81 +10,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 import grpc
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from rollout_service.api import pb
-from rollout_service.errors import Name, ServiceError
+from rollout_service.errors import ServiceError
+from rollout_service.server.compat.dialect import (  # noqa: F401 - the dialects' shared words, re-exported here
+    ERROR_TYPE, HTTP_STATUS, DialectError, Fields, Spelling, error_response, from_service_error, json_body, spell)
+from rollout_service.server.compat.vllm_transfer import VllmWeightTransfer
 from rollout_service.pool.requests import IndexedDelta, IndexedResult
-from rollout_service.server.grpc_service import TOKENIZER
+from rollout_service.server.service import TOKENIZER, RolloutService
 from rollout_service.validation import CheckedRequest, session_id_problem
 from rollout_service.wire import IN_FLIGHT_MODES
 
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
 MIN_LOGPROB = -9999.0          # vLLM's JSON for a log-prob of -inf (a token that top-k / top-p rules out)
-ERROR_TYPE = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-              404: "NotFoundError", 409: "ConflictError", 429: "RateLimitError", 501: "NotImplementedError",
-              503: "ServiceUnavailableError"}
 
-
-# How a dialect spells the contract's names (field paths, RPCs): each key is a whole name or a leading part of
-# one that ends where a path component does ("sampling." or "prompts[", or "prompts" before a "." or "["); the
-# longest key that fits is replaced by its value. {"sampling.max_tokens": "max_tokens", "sampling.": ""} spells
-# sampling.max_tokens "max_tokens" and sampling.top_p "top_p"; {"prompts": "prompt"} spells prompts[3].token_ids
-# "prompt[3].token_ids". A name no key fits is spelled as gRPC spells it.
-Spelling = Mapping[str, str]
-
-
-def spell(path: str, spelling: Spelling) -> str | None:
-    """`path` (a contract name) as the dialect spells it; None where no key of `spelling` fits it."""
-    best = None
-    for key in spelling:
-        fits = path == key or (path.startswith(key) and (key[-1:] in (".", "[") or path[len(key)] in ".["))
-        if fits and (best is None or len(key) > len(best)):
-            best = key
-    return None if best is None else spelling[best] + path[len(best):]
-
-
-class DialectError(Exception):
-    """A request a dialect cannot serve as sent: an HTTP status, a message naming the field, and the field
-    (OpenAI's error.param) as the dialect spells it."""
-
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-def from_service_error(e: ServiceError, spelling: Spelling | None = None) -> DialectError:
-    """The error gRPC gives, its contract names (the field at fault, the fields and RPCs it mentions) spelled
-    as the dialect spells them; param: the field at fault. The rest of the text is gRPC's, unchanged."""
-    spelling = spelling or {}
-
-    def text(part) -> str:
-        if isinstance(part, Name):
-            theirs = spell(part.path, spelling)
-            return str(part) if theirs is None else theirs
-        return part
-    param = None if e.field is None else spell(e.field, spelling) or e.field
-    return DialectError(HTTP_STATUS.get(e.code, 500), "".join(map(text, e.parts)), param)
-
-
-def error_response(e: DialectError) -> JSONResponse:
-    """OpenAI's error shape (vLLM and SGLang answer in it; the openai client raises its typed errors from it)."""
-    body = {"object": "error", "message": e.message,
-            "error": {"message": e.message, "type": ERROR_TYPE.get(e.status, "InternalServerError"),
-                      "param": e.param, "code": e.status}}
-    headers = {"Retry-After": "1"} if e.status in (429, 503) else None
-    return JSONResponse(body, status_code=e.status, headers=headers)
 
 
 def rollout_fields(r) -> dict:
@@ -133,20 +75,20 @@ class StreamText:
 
 
 class Gateway:
-    """The servicer's data and control plane, called from HTTP handlers."""
+    """The service layer's data and control plane (server/service.py, what the gRPC servicer calls too), called from
+    HTTP handlers."""
 
-    def __init__(self, servicer, session_key_from=None):
+    def __init__(self, service: RolloutService, session_key_from=None):
         from rollout_service.config import SESSION_KEY_FROM
-        from rollout_service.server.compat.vllm_transfer import VllmWeightTransfer  # it imports this module
 
-        self.servicer = servicer
+        self.service = service
         self.session_key_from = list(SESSION_KEY_FROM if session_key_from is None else session_key_from)
-        self.pool = servicer.pool
-        self.vllm_transfer = VllmWeightTransfer(servicer)    # vLLM's weight-transfer endpoints' state
+        self.pool = service.pool
+        self.vllm_transfer = VllmWeightTransfer(service)   # vLLM's weight-transfer endpoints' state
 
     @property
     def model(self):
-        return self.servicer.model
+        return self.service.model
 
     def serving_headers(self) -> dict[str, str]:
         return {"x-rollout-policy-version": str(self.pool.policy_version),
@@ -161,7 +103,7 @@ class Gateway:
         DialectError for a refusal at admission; errors after it stay ServiceError."""
         telemetry = self.pool.telemetry
         try:
-            checked, record = await self.servicer.admit(request)
+            checked, record = await self.service.admit(request)
         except ServiceError as e:
             telemetry.m_requests.labels(e.code.name).inc()
             raise from_service_error(e, spelling) from None
@@ -212,7 +154,7 @@ class Gateway:
         """Weights from a path: LoadWeights' validated, all-or-nothing commit (security.weights_roots apply).
         version None: the next integer after the serving one. spelling: the endpoint's names for LoadWeights and
         its fields (path, version)."""
-        weights = self.servicer.weights
+        weights = self.service.weights
         if version is None:
             version = self.pool.policy_version + 1
         try:
@@ -223,14 +165,14 @@ class Gateway:
                 "total_s": round(out.total_s, 3), "pause_s": round(out.pause_s, 3)}
 
     async def pause(self, mode: str) -> None:
-        await self.servicer.pool.hold(mode)
+        await self.service.pool.hold(mode)
 
     async def resume(self) -> None:
-        await self.servicer.pool.release()
+        await self.service.pool.release()
 
     @property
     def paused(self) -> bool:
-        return self.servicer.pool.held is not None
+        return self.service.pool.held is not None
 
     def abort(self, request_ids: list[str] | None) -> int:
         """Fail the named requests (None: every unfinished one) with ABORTED; their engine work stops."""
@@ -307,69 +249,6 @@ async def until_disconnect(request: Request, work):
             await task
         raise DialectError(499, "the client disconnected")
     return task.result()
-
-
-def json_body(raw: bytes) -> dict:
-    import json
-
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError as e:
-        raise DialectError(400, f"the request body is not valid JSON ({e})") from None
-    if not isinstance(body, dict):
-        raise DialectError(400, "the request body must be a JSON object")
-    return body
-
-
-class Fields:
-    """Typed reads of a JSON object; a wrong type is a 400 naming the field (prefix: where it sits)."""
-
-    def __init__(self, body: dict, prefix: str = ""):
-        self.body, self.prefix = body, prefix
-
-    def _bad(self, key: str, what: str, value) -> DialectError:
-        return DialectError(400, f"{self.prefix}{key}: must be {what}, got {value!r:.80}", self.prefix + key)
-
-    def get(self, key: str, default=None):
-        v = self.body.get(key)
-        return default if v is None else v
-
-    def bool(self, key: str, default: bool = False) -> bool:
-        v = self.get(key, default)
-        if not isinstance(v, bool):
-            raise self._bad(key, "true or false", v)
-        return v
-
-    def int(self, key: str, default=None):
-        v = self.get(key, default)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise self._bad(key, "an integer", v)
-        return v
-
-    def float(self, key: str, default=None):
-        v = self.get(key, default)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise self._bad(key, "a number", v)
-        return None if v is None else float(v)
-
-    def str_list(self, key: str) -> list[str]:
-        v = self.get(key, [])
-        v = [v] if isinstance(v, str) else v
-        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-            raise self._bad(key, "a string or a list of strings", v)
-        return v
-
-    def int_list(self, key: str) -> list[int]:
-        v = self.get(key, [])
-        if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-            raise self._bad(key, "a list of integers", v)
-        return v
-
-    def unsupported(self, key: str, default, why: str) -> None:
-        """A parameter this service does not implement: fine at its default value, a 400 otherwise."""
-        v = self.body.get(key)
-        if v is not None and v != default:
-            raise DialectError(400, f"{self.prefix}{key}: {why} (got {v!r:.80})", self.prefix + key)
 
 
 def sampling_params(f: Fields, max_tokens_key: str) -> pb.SamplingParams:

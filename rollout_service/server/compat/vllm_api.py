@@ -265,7 +265,7 @@ class Writer:
 
 
 async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling) -> Response:
-    req.return_routed_experts = gw.servicer.limits.routed_experts    # as vLLM's server capturing them: always
+    req.return_routed_experts = gw.service.limits.routed_experts    # as vLLM's server capturing them: always
     async with gw.generate(req, spelling) as (checked, samples):
         items, error = [], None
         try:
@@ -291,7 +291,7 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
     choice's last chunk with the rest and its finish reason, the usage chunk (stream_options.include_usage) and
     [DONE]."""
     req.stream_tokens = True
-    req.return_routed_experts = gw.servicer.limits.routed_experts
+    req.return_routed_experts = gw.service.limits.routed_experts
     cm = gw.generate(req, spelling, deltas=True)
     checked, samples = await cm.__aenter__()          # a refusal here raises DialectError: a plain HTTP error
     w = Writer(gw, opts, checked, req)
@@ -401,7 +401,7 @@ async def chat_completions(request: Request):
         raise DialectError(400, f"messages: the chat template cannot render them ({e})", "messages") from None
     if body.get("max_tokens") is None:               # vLLM: up to the context length
         room = gw.model.max_model_len - len(ids)
-        limit = gw.servicer.limits.max_new_tokens
+        limit = gw.service.limits.max_new_tokens
         req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
     req.prompts.append(pb.Prompt(token_ids=ids))
     req.session_id = gw.session_key(request, body)

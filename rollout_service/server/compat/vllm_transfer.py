@@ -20,7 +20,7 @@ import contextlib
 import logging
 
 from rollout_service.errors import ServiceError
-from rollout_service.server.compat.gateway import DialectError, Fields, from_service_error
+from rollout_service.server.compat.dialect import DialectError, Fields, from_service_error
 from rollout_service.weights.transfer import Meta
 
 log = logging.getLogger(__name__)
@@ -54,15 +54,26 @@ def _required(f: Fields, key: str, kind: str):
 class VllmWeightTransfer:
     """The dialect's state over WeightTransfer: which update is open (start .. finish) and what it committed."""
 
-    def __init__(self, servicer):
-        self.servicer = servicer
-        self.pool = servicer.pool
+    def __init__(self, service):
+        self.service = service                  # server/service.py's RolloutService, as gRPC's servicer calls it
         self.open: str | None = None            # the target of the update between start and finish
         self.committed: int | None = None       # the version the open update committed
 
     @property
-    def transfer(self):
-        return self.servicer.transfer
+    def transfer(self):                         # weights/transfer.py's WeightTransfer (InitWeightTransfer's too)
+        return self.service.transfer
+
+    @property
+    def weights(self):
+        return self.service.weights
+
+    @property
+    def pool(self):
+        return self.service.pool
+
+    @property
+    def model(self):
+        return self.service.model
 
     # ---- reads --------------------------------------------------------------------------------------------
     def world_size(self) -> int:
@@ -71,8 +82,8 @@ class VllmWeightTransfer:
 
     def server_info(self) -> dict:
         """The part of vLLM's /server_info?config_format=json that trainers read (the serving dtype)."""
-        manifest = self.servicer.weights.manifests.get("policy")
-        model = self.servicer.model
+        manifest = self.weights.manifests.get("policy")
+        model = self.model
         dtype = f"torch.{manifest.serving_dtype}" if manifest is not None else None
         return {"vllm_config": {"model_config": {"model": model.path, "dtype": dtype,
                                                  "max_model_len": model.max_model_len},
@@ -152,7 +163,7 @@ class VllmWeightTransfer:
         g = self.transfer.group
         if g is None or not g.joined:
             raise DialectError(409, "no weight-transfer group is set up; POST /init_weight_transfer_engine first")
-        if target not in self.servicer.weights.manifests:
+        if target not in self.weights.manifests:
             raise DialectError(409, f"this server has no {target} to update (start it with speculation configured)")
         self.open, self.committed = target, None
         return {"message": "Draft weight update started" if target == "draft" else "Weight update started"}
@@ -175,7 +186,7 @@ class VllmWeightTransfer:
         if target is None:
             raise DialectError(409, "/update_weights: no weight update is open; POST /start_weight_update first "
                                     "(then /update_weights, then /finish_weight_update)")
-        manifest = self.servicer.weights.manifests[target]
+        manifest = self.weights.manifests[target]
         partial = bool(set(manifest.tensors) - {m.name for m in metas})
         version = self.pool.versions[target] + 1
         mode = "keep" if self.pool.held == "keep" else "wait"
