@@ -230,7 +230,7 @@ class WeightSync:
         from rollout_client.wire import MODES, TARGETS
 
         if self.pg is None:
-            raise RuntimeError("connect() first")
+            raise RuntimeError("connect() first (again after a failed push: the service closed the group)")
         pairs = tensors_of(weights, dtype)
         mine = metas_of(pairs)
         key = f"rollout/push/{self._pushes}"
@@ -262,7 +262,20 @@ class WeightSync:
                 receive(self.pg, [tuple(m) for m in part], r, self.buffer_bytes, lambda _items: None, self._buffers)
         if call is None:
             return None
-        return PushResult.from_proto(next(call).result)
+        try:
+            return PushResult.from_proto(next(call).result)
+        except Exception:
+            # the service closed the group (a collective cannot resume half-way): so does this side
+            self._drop_group()
+            raise
+
+    def _drop_group(self) -> None:
+        if self.pg is not None:
+            try:
+                self.pg.shutdown()
+            except Exception:  # noqa: BLE001 - a broken group still goes
+                pass
+        self.pg = self.store = self.group = None
 
     def close(self) -> None:
         """Tear the group down (rank 0 asks the service to leave it first)."""
@@ -270,12 +283,7 @@ class WeightSync:
 
         if self.rank == 0 and self.client is not None and self.group is not None:
             self.client.stub.CloseWeightTransfer(pb.CloseWeightTransferRequest(), metadata=self.client.auth.admin())
-        if self.pg is not None:
-            try:
-                self.pg.shutdown()
-            except Exception:  # noqa: BLE001 - a broken group still goes
-                pass
-        self.pg = self.store = self.group = None
+        self._drop_group()
 
 
 def _free_port(address: str) -> int:

@@ -60,6 +60,8 @@ class RolloutWorkerExtension:
         engine = self.weight_transfer_engine
         if engine is None:
             raise RuntimeError("this engine was started without a weight-transfer backend (engine.weight_transfer)")
+        update_info = dict(update_info)
+        fill = update_info.pop("rollout_fill", [])           # the committed rest of the layers the push touches
         typed = engine.parse_update_info(update_info)        # a malformed payload fails here, before anything starts
 
         def feed(load):
@@ -78,6 +80,8 @@ class RolloutWorkerExtension:
             finally:
                 engine.reset_weight_update_target()
                 sink.close()
+            if fill:                                         # after the pushed tensors: whole layers (layers.py)
+                _from_files(fill, load)
             total = time.perf_counter() - t0
             return {"load_weights": sink.load_s, "record": sink.record_s,
                     "receive": total - sink.load_s - sink.record_s}
@@ -257,35 +261,58 @@ def _reload(vllm_config, model, model_config, feed) -> tuple[int, dict]:
         initialize_layerwise_reload(model)
         phases = feed(load) or {}
         t = time.perf_counter()
-        finalize_layerwise_reload(model, model_config)
+        _finalize_noted(lambda: finalize_layerwise_reload(model, model_config))
         _refresh_tied_head(model, model_config)
         phases["finalize"] = time.perf_counter() - t
     return count, phases
 
 
-class _ExpectedReloadWarnings(logging.Filter):
-    """vLLM's layerwise reload warns "<layer>: Failed to load weights" for every layer a push sent nothing for. Two
-    such layers get nothing on every push, by design: rotary embeddings (their cos/sin cache is computed, never in a
-    checkpoint) and, with tied embeddings, ParallelLMHead (the head is the embedding's weight, refreshed from it by
-    _refresh_tied_head). Their warnings are dropped, said once at INFO instead; any other layer's still warns."""
+class _ReloadNotes(logging.Filter):
+    """vLLM's layerwise reload warns "<layer>: Failed to load weights" once per layer a push sent nothing for. Some
+    get nothing on every push, by design: rotary embeddings (their cos/sin cache is computed, never in a checkpoint)
+    and, with tied embeddings, ParallelLMHead (the head is the embedding's weight, refreshed by _refresh_tied_head);
+    a partial push leaves out whatever it does not carry. While one of our reloads finalizes, those warnings are
+    collected here instead (`kept`) and said as one line by _explain_kept."""
 
-    explained = False
+    def __init__(self):
+        super().__init__()
+        self.kept: list[str] | None = None      # a list while one of our reloads finalizes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != "%s: Failed to load weights" or not record.args:
+        if self.kept is None or record.msg != "%s: Failed to load weights" or not record.args:
             return True
-        layer = str(record.args[0])
-        if not (layer.endswith("RotaryEmbedding") or layer == "ParallelLMHead"):
-            return True
-        if not _ExpectedReloadWarnings.explained:
-            _ExpectedReloadWarnings.explained = True
-            log.info("weight reloads leave rotary embeddings (computed, not weights) and a tied LM head (shares the "
-                     "embedding's weight) untouched as they should; vLLM's \"Failed to load weights\" warnings for "
-                     "them are not shown")
+        self.kept.append(str(record.args[0]))
         return False
 
 
-logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_ExpectedReloadWarnings())
+_notes = _ReloadNotes()
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_notes)
+_explained = False
+
+
+def _finalize_noted(finalize) -> list[str]:
+    """Run vLLM's finalize_layerwise_reload (`finalize()`), its per-layer "Failed to load weights" warnings collected
+    and explained: the expected ones (rotary embeddings, a tied head) in one line once per process, any others in
+    one line per push (a partial push leaves those layers as they were). Returns the layers that got nothing."""
+    global _explained
+    _notes.kept = []
+    try:
+        finalize()
+    finally:
+        kept, _notes.kept = _notes.kept, None
+    expected = [k for k in kept if k.endswith("RotaryEmbedding") or k == "ParallelLMHead"]
+    others = [k for k in kept if k not in expected]
+    if expected and not _explained:
+        _explained = True
+        # once per worker, at WARNING: a worker's own loggers show nothing below it (no handler: Python's last resort)
+        log.warning("weight reloads leave rotary embeddings (computed, not weights) and a tied LM head (it is the "
+                    "embedding's weight) untouched, as they should; vLLM's \"Failed to load weights\" warnings for "
+                    "them are not shown")
+    if others:
+        counts = {k: others.count(k) for k in dict.fromkeys(others)}
+        log.warning("this push carried no tensors for %d layers, which keep their previous weights (as a partial "
+                    "push intends): %s", len(others), ", ".join(f"{k} x{n}" for k, n in counts.items()))
+    return kept
 
 
 def _refresh_tied_head(model, model_config) -> None:

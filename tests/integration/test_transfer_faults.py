@@ -184,3 +184,46 @@ def test_generate_is_served_while_a_push_waits_for_a_stalled_trainer(client, pol
     assert st.policy_version == v0 and not st.weight_transfer.joined
     sync.pg.shutdown()
     sync.pg = None
+
+
+def test_a_push_shows_no_per_layer_reload_warnings(service, client, policy):
+    """vLLM warned "RotaryEmbedding / ParallelLMHead: Failed to load weights" on every push (they get no tensors by
+    design); the service says so once instead."""
+    sync = WeightSync(client, timeout_s=20)
+    sync.connect(timeout=60)
+    v = client.status().policy_version + 1
+    assert sync.push(policy, v).version == v
+    sync.close()
+    log = service.log_path.read_text(errors="replace")
+    assert "Failed to load weights" not in log.replace('"Failed to load weights" warnings', ""), \
+        [line for line in log.splitlines() if "Failed to load weights" in line][:5]
+    assert "rotary embeddings (computed, not weights)" in log                    # said once per worker instead
+
+
+def test_an_engine_that_dies_mid_transfer_answers_unavailable_and_the_committed_version_serves(tiny_model, tmp_path):
+    """Its own service: the engine core is SIGKILLed while it receives; the push answers UNAVAILABLE saying to retry
+    once the engine restarted at the committed version, and it does."""
+    import os
+
+    import psutil
+    from rollout_client import RolloutClient
+    from tests.integration.services import running_service, wait_for
+    from tests.integration.test_faults import engine_cores
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    with running_service(tiny_model, tmp_path / "service.log", clean_exit=False) as svc, \
+            RolloutClient(svc.target) as c:
+        sync = WeightSync(c, timeout_s=30)
+        sync.connect(timeout=60)
+        v0 = c.status().policy_version
+        call = c.stub.TransferWeights(transfer_request(sync, policy.state_dict(), v0 + 1), metadata=c.auth.admin())
+        assert next(call).WhichOneof("item") == "ready"
+        [core] = engine_cores(svc.proc.pid)
+        os.kill(core.pid, signal.SIGKILL)
+        code, msg = code_of(lambda: next(call))
+        assert code == grpc.StatusCode.UNAVAILABLE and "restarted at the committed version" in msg, (code, msg)
+        st = wait_for(lambda: (s := c.status()).ready and s.engines[0].restarts == 1 and s, 240, "the restart")
+        assert st.policy_version == v0 and not st.weight_transfer.joined
+        sync.pg.shutdown()
+        assert psutil.pid_exists(svc.proc.pid)
