@@ -53,8 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare-model", help="convert the packaged SmolLM2-135M-Instruct GGUF into a cached "
                                              "Hugging Face directory (once, ~30 s); prints its directory")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
+    p.add_argument("--moe", action="store_true",
+                   help="the mixture-of-experts policy instead: SmolLM2 sparsely upcycled into a Mixtral (moe_model.py;"
+                        " ~20-60 s once); `--model moe` of serve, demo and rollout-grpo prepares and names it")
+    p.add_argument("--experts", type=int, default=4, help="--moe: experts per layer")
+    p.add_argument("--top-k", type=int, default=2, help="--moe: experts routed per token")
     d = sub.add_parser("demo", help="start the service on the default model and stream a batch of samples")
-    d.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
+    d.add_argument("--model", help="model directory, or `moe` (prepare-model --moe) (default: embedded "
+                                   "SmolLM2-135M-Instruct)")
     d.add_argument("--prompts", type=int, default=8)
     d.add_argument("--n", type=int, default=4)
     d.add_argument("--max-tokens", type=int, default=96)
@@ -110,6 +116,11 @@ def resolve_model(model: str | None) -> str:
     if not model:
         return str(prepare_default_model())
     from pathlib import Path
+
+    from rollout_service.moe_model import MOE_MODEL_NAME, prepare_moe_model
+
+    if model == MOE_MODEL_NAME and not Path(model).exists():
+        return str(prepare_moe_model())
 
     if not is_model_dir(Path(model)):
         raise SystemExit(f"--model {model}: not a Hugging Face model directory (needs config.json and "
@@ -182,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "prepare-model":
         from rollout_service.models import prepare_default_model
 
-        print(prepare_default_model(force=args.force))
+        if args.moe:
+            from rollout_service.moe_model import prepare_moe_model
+
+            print(prepare_moe_model(force=args.force, experts=args.experts, top_k=args.top_k))
+        else:
+            print(prepare_default_model(force=args.force))
         return 0
     if args.cmd == "demo":
         from rollout_service.demo import run_demo
