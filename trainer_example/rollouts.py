@@ -33,6 +33,8 @@ class Rollout:
     num_accepted: int
     advantage: float = 0.0         # set by assign_advantages
     answer_line: bool = False      # stated its answer on an 'Answer: N' line
+    routes: np.ndarray | None = None   # an MoE policy's experts, uint8/uint16 [rows, layers, top_k] (routing replay)
+    routes_first_row: int = 0          # position of routes[0] in prompt + generated tokens
 
 
 @dataclass
@@ -47,20 +49,25 @@ def sample_oldest_version(s) -> int:
 
 
 def generate_batch(client, problems: list[Problem], prompt_ids: list[list[int]], *, n: int, max_tokens: int,
-                   temperature: float, min_policy_version: int = 0) -> Batch:
-    """One Generate call: n samples for each prompt, scored by the task's pure reward."""
+                   temperature: float, min_policy_version: int = 0, routed_experts: bool = False) -> Batch:
+    """One Generate call: n samples for each prompt, scored by the task's pure reward. routed_experts: ask for
+    each sample's routes (an MoE policy; routing_replay.py replays them)."""
     t0 = time.perf_counter()
+    extra = {"return_routed_experts": True} if routed_experts else {}
     groups = client.generate_all(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature,
                                  return_text=True, min_policy_version=min_policy_version,
-                                 request_id=f"grpo-{uuid.uuid4().hex[:12]}")
+                                 request_id=f"grpo-{uuid.uuid4().hex[:12]}", **extra)
     out = []
     for g, (problem, ids, samples) in enumerate(zip(problems, prompt_ids, groups)):
         for s in samples:
+            routes = getattr(s, "routed_experts", None)
             out.append(Rollout(group=g, prompt_ids=ids, token_ids=s.token_ids, rollout_logp=s.logprobs,
                                reward=reward(s.text, problem.answer), correct=correct(s.text, problem.answer),
                                oldest_version=sample_oldest_version(s), draft_version=s.draft_version,
                                num_drafted=s.num_drafted, num_accepted=s.num_accepted,
-                               answer_line=extract_answer(s.text) is not None))
+                               answer_line=extract_answer(s.text) is not None,
+                               routes=routes.ids if routes is not None else None,
+                               routes_first_row=routes.first_row if routes is not None else 0))
     return Batch(out, len(problems), time.perf_counter() - t0)
 
 
@@ -93,6 +100,8 @@ class Packed:
     gen_mask: torch.Tensor         # bool  [B, L-1], True where the target is a generated token
     rollout_logp: torch.Tensor     # float32 [B, L-1], the service's log-prob of each generated target
     advantages: torch.Tensor       # float32 [B]
+    routes: torch.Tensor | None = None   # int64 [B, L, layers, top_k]: the experts the engine routed each token to
+    routed: torch.Tensor | None = None   # bool [B, L]: rows that carry a route (not padding, not a last token)
 
     @property
     def num_tokens(self) -> int:
@@ -100,13 +109,17 @@ class Packed:
 
     def select(self, rows) -> "Packed":
         return Packed(self.input_ids[rows], self.attention_mask[rows], self.targets[rows], self.gen_mask[rows],
-                      self.rollout_logp[rows], self.advantages[rows])
+                      self.rollout_logp[rows], self.advantages[rows],
+                      None if self.routes is None else self.routes[rows],
+                      None if self.routed is None else self.routed[rows])
 
     def slice(self, rows: slice, width: int) -> "Packed":
         """Rows `rows`, trimmed to `width` positions."""
         return Packed(self.input_ids[rows, :width], self.attention_mask[rows, :width],
                       self.targets[rows, :width - 1], self.gen_mask[rows, :width - 1],
-                      self.rollout_logp[rows, :width - 1], self.advantages[rows])
+                      self.rollout_logp[rows, :width - 1], self.advantages[rows],
+                      None if self.routes is None else self.routes[rows, :width],
+                      None if self.routed is None else self.routed[rows, :width])
 
 
 def pack(rollouts: list[Rollout]) -> Packed:
@@ -124,7 +137,14 @@ def pack(rollouts: list[Rollout]) -> Packed:
         gen[i, p - 1:p - 1 + g] = True
         rlp[i, p - 1:p - 1 + g] = torch.from_numpy(np.asarray(r.rollout_logp, dtype=np.float32))
     adv = torch.tensor([r.advantage for r in rollouts], dtype=torch.float32)
-    return Packed(ids, attn, ids[:, 1:], gen, rlp, adv)
+    routes = routed = None
+    shaped = [r.routes for r in rollouts if r.routes is not None]
+    if shaped:                     # an MoE policy's samples: their routes, padded like the tokens
+        from trainer_example.routing_replay import pack_routes
+
+        routes, routed = pack_routes([r.routes for r in rollouts], [r.routes_first_row for r in rollouts],
+                                     [len(s) for s in seqs], width, *shaped[0].shape[1:])
+    return Packed(ids, attn, ids[:, 1:], gen, rlp, adv, routes, routed)
 
 
 def micro_batches(packed: Packed, size: int):

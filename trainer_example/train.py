@@ -14,6 +14,9 @@ One step, top to bottom:
                 (drafter.py; sync: now, async: in the background while the next batch generates)
   5. push       the new policy weights every step (PushWeights), the drafter every --draft-every steps
                 (UpdateDraft); then evaluate on held-out problems every --eval-every steps
+A mixture-of-experts policy (--model moe) asks for each sample's routes and replays them in every forward pass of
+steps 2-3 (routing_replay.py, --routing-replay); one more forward pass without (or with) replay measures the
+rollout-against-trainer log-prob mismatch both ways each step.
 The trainer talks to the service only through `rollout_client` (its RPCs, and its launcher for the
 `rollout-service` commands: serve, prepare-model, prepare-drafter).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import contextlib
 import json
 import os
 import random
@@ -35,7 +39,7 @@ from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess, run_command
 from rollout_tasks.arithmetic import correct, extract_answer, split
 from rollout_tasks.chat import chat_token_ids, user_turn
-from trainer_example import grpo
+from trainer_example import grpo, routing_replay
 from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, drop_stale, generate_batch,
                                       micro_batches, pack)
 
@@ -43,7 +47,12 @@ from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, dro
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="rollout-grpo", description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="host:port of a running service (default: start one on --model)")
-    ap.add_argument("--model", help="policy directory (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--model", help="policy directory (default: the embedded SmolLM2-135M-Instruct); `moe`: SmolLM2 "
+                                    "upcycled into a mixture of experts (`rollout-service prepare-model --moe`)")
+    ap.add_argument("--routing-replay", choices=["on", "off"], default="on",
+                    help="an MoE policy: train on forward passes that route every token to the experts the engine "
+                         "routed it to (on), or let the trainer's routers choose (off); the other one is run too, "
+                         "without gradients, to log the log-prob mismatch both ways")
     ap.add_argument("--mode", choices=["sync", "async"], default="sync")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8, help="prompts (GRPO groups) per step")
@@ -112,6 +121,9 @@ class Trainer:
         self.tok = AutoTokenizer.from_pretrained(policy_dir)
         self.policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         self.start = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.moe = routing_replay.is_moe(self.policy)
+        self.replay = self.moe and args.routing_replay == "on"
+        self.route_stats = routing_replay.RouteStats()
         self.opt = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0)
         adapt = args.adapt_drafter if args.adapt_drafter is not None else drafter_kind == "draft_model"
         self.drafter = self.head = None
@@ -131,11 +143,61 @@ class Trainer:
         """The policy's logits (B, L, V) on a micro-batch of pi_old's rows; an adapting EAGLE-3 head keeps the
         hidden states of its feature layers and the logits from the same pass (call it only while the policy is
         pi_old: the recompute, and the first minibatch's training pass)."""
-        out = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                          output_hidden_states=self.head is not None)
+        with self.routing(self.policy, mb):
+            out = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                              output_hidden_states=self.head is not None)
         if self.head is not None:
             self.head.collect(out.hidden_states, out.logits, mb.input_ids, mb.attention_mask, mb.gen_mask)
         return out.logits
+
+    def routing(self, model, mb: Packed, replay: bool | None = None):
+        """The context of one forward pass of `model` on `mb`: an MoE policy follows the samples' routes when
+        `replay` (default: --routing-replay); an unforced pass at pi_old counts its routers' disagreements with
+        the engine's routes (self.route_stats)."""
+        if not self.moe or mb.routes is None:
+            return contextlib.nullcontext()
+        replay = self.replay if replay is None else replay
+        stats = self.route_stats if not replay and model is self.policy else None
+        return routing_replay.replay(model, mb.routes, mb.routed, stats, force=replay)
+
+    @torch.no_grad()
+    def counterfactual(self, packed: Packed) -> torch.Tensor | None:
+        """pi_old log-probs [B, L-1] of every row under the routing the trainer does not train on (replay off when
+        --routing-replay on, and the reverse): the other side of the mismatch metrics. None for a dense policy or
+        samples without routes. Call before the first optimiser step of the batch."""
+        if not self.moe or packed.routes is None:
+            return None
+        out = torch.zeros_like(packed.rollout_logp)
+        self.policy.eval()
+        for r, width in micro_batches(packed, self.args.micro_batch):
+            mb = packed.slice(r, width)
+            with self.routing(self.policy, mb, replay=not self.replay):
+                logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+            out[r, :width - 1] = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
+        return out
+
+    def routing_metrics(self, packed: Packed, old: torch.Tensor, other: torch.Tensor | None) -> dict:
+        """Rollout against trainer, per generated token, with and without routing replay: mean |delta log p| and
+        KL(rollout || trainer) (k3). old: pi_old as trained on (train() completes it); other: `counterfactual`."""
+        if other is None:
+            return {}
+        on, off = (old, other) if self.replay else (other, old)
+        d_on, kl_on = routing_replay.mismatch(on, packed.rollout_logp, packed.gen_mask)
+        d_off, kl_off = routing_replay.mismatch(off, packed.rollout_logp, packed.gen_mask)
+        stats, self.route_stats = self.route_stats, routing_replay.RouteStats()
+        return {"routing_replay": self.replay, "logp_mismatch_replay": d_on, "kl_k3_replay": kl_on,
+                "logp_mismatch_no_replay": d_off, "kl_k3_no_replay": kl_off,
+                "routes_differing": stats.differing_fraction, "route_decisions": stats.decisions}
+
+    def push_weights(self):
+        """The policy's tensors under the checkpoint's names, which the service validates pushes against:
+        transformers 5 fuses an MoE layer's experts in memory (mlp.experts.gate_up_proj [E, 2I, H]) and writes them
+        per expert on save (block_sparse_moe.experts.{e}.w1.weight ...); a dense policy is pushed as it is."""
+        if not self.moe:
+            return self.policy
+        from transformers.core_model_loading import revert_weight_conversion
+
+        return revert_weight_conversion(self.policy, self.policy.state_dict())
 
     def encode(self, problems) -> list[list[int]]:
         return [chat_token_ids(self.tok, user_turn(p.prompt)) for p in problems]
@@ -158,13 +220,14 @@ class Trainer:
         self.policy.eval()
         for r, width in micro_batches(sub, self.args.micro_batch):
             mb = sub.slice(r, width)
-            logits = self.forward(mb)[:, :-1]
+            logits = self.forward(mb)[:, :-1]       # an MoE policy: routed as --routing-replay says
             old[rows[r], :width - 1] = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
         return old
 
     def train(self, packed: Packed, parts: list[torch.Tensor], old: torch.Tensor) -> dict:
         """One optimiser step per part (`minibatches`); the drafter learns from the same forward passes.
-        Rows whose pi_old is NaN take it from their own forward pass (only valid before the first step).
+        Rows whose pi_old is NaN take it from their own forward pass (only valid before the first step), written
+        back into `old`.
         KL to the start policy is estimated on the first --kl-samples sequences of the first part, where
         that forward pass is pi_old."""
         self.policy.eval()              # no dropout: the training forward is pi_old for the first part
@@ -177,7 +240,8 @@ class Trainer:
                 if i == 0:              # pi_old: an adapting head learns from this pass too
                     logits = self.forward(mb)[:, :-1]
                 else:
-                    logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+                    with self.routing(self.policy, mb):
+                        logits = self.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
                 logp = grpo.token_logprobs(logits, mb.targets, self.args.temperature)
                 mb_old = part_old[rows, :width - 1]
                 own = torch.isnan(mb_old)
@@ -185,9 +249,11 @@ class Trainer:
                     if i > 0:
                         raise ValueError("pi_old missing for a minibatch after the first optimiser step")
                     mb_old = torch.where(own, logp.detach(), mb_old)
+                    old[part[rows], :width - 1] = mb_old
                 if i == 0 and kl_rows < self.args.kl_samples:
                     with torch.no_grad():
-                        ref_logits = self.start(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                        with self.routing(self.start, mb):
+                            ref_logits = self.start(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                         d = (grpo.token_logprobs(ref_logits[:, :-1], mb.targets, self.args.temperature)
                              - mb_old)[mb.gen_mask]
                         kl_sum, kl_n = kl_sum + float((torch.exp(d) - d - 1).sum()), kl_n + d.numel()
@@ -260,7 +326,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     trainer = Trainer(policy_dir, args, drafter_dir, status.speculation_method,
                       draft_steps=status.num_speculative_tokens or 3)
     version, draft_version = status.policy_version, status.draft_version
-    gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature)
+    gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature,
+               routed_experts=trainer.moe)
     cursor = [0]
 
     def next_problems():
@@ -307,7 +374,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                    "format_rate": sum(r.answer_line for r in batch.rollouts) / len(batch.rollouts),
                    **speculation_summary(rollouts, k_before, (after := client.status()).k_control,
                                          after.speculation)}
-            recompute_s = train_s = 0.0
+            recompute_s = train_s = replay_check_s = 0.0
             if rollouts:
                 packed = pack(rollouts)
                 # 2. recompute pi_old for the minibatches that train after the first optimiser step
@@ -316,9 +383,12 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                 old = trainer.recompute(packed, parts)
                 t2, c2 = time.perf_counter(), trainer.collect_s()
                 recompute_s = t2 - t1 - (c2 - c1)       # the head's feature copies count as adaptation (step 4)
+                other = trainer.counterfactual(packed)  # an MoE policy: pi_old routed the other way (a metric)
+                replay_check_s, t2 = time.perf_counter() - t2, time.perf_counter()
                 # 3. train
                 row.update(trainer.train(packed, parts, old))
                 train_s = time.perf_counter() - t2 - (trainer.collect_s() - c2)
+                row.update(trainer.routing_metrics(packed, old, other))
             # 4. adapt the EAGLE-3 head (sync: now; async: hand over to its thread, take the last job's head)
             head_weights, row["adapt_s"] = None, 0.0
             if trainer.head is not None:
@@ -329,7 +399,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             # 5. push
             version += 1
             push = sync.push if sync is not None else client.push_weights
-            pushed = push(trainer.policy, version, mode="keep" if prefetch else "wait")
+            pushed = push(trainer.push_weights(), version, mode="keep" if prefetch else "wait")
             t_draft = time.perf_counter()
             drafter_weights = trainer.drafter.weights() if trainer.drafter is not None else head_weights
             if drafter_weights is not None and (step + 1) % args.draft_every == 0:
@@ -344,7 +414,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             if step == 0:
                 row["eval_before_correct"] = eval_before_hits
             row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
-                       train_s=train_s, push_s=t4 - t_push, draft_push_s=t4 - t_draft, push_pause_s=pushed.pause_s,
+                       train_s=train_s, replay_check_s=replay_check_s,
+                       push_s=t4 - t_push, draft_push_s=t4 - t_draft, push_pause_s=pushed.pause_s,
                        push_path=args.weight_sync,
                        step_s=t4 - t0,
                        draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)
@@ -408,6 +479,7 @@ def step_line(r: dict) -> str:
     return (f"step {r['step']:3d} v{r['policy_version']}->v{r['policy_version'] + 1}: "
             f"generate {r['generate_s']:5.1f}s  recompute {r['recompute_s']:5.1f}s  train {r['train_s']:5.1f}s  "
             + (f"adapt {r['adapt_s']:4.1f}s  " if r.get("head_collect_s") is not None else "")
+            + (f"mismatch check {r['replay_check_s']:4.1f}s  " if r.get("replay_check_s") else "")
             + f"push {r['push_s']:4.1f}s | reward {r['reward_mean']:.2f}  samples {r['samples']} "
             f"(dropped {r['dropped_stale']})  acceptance {_fmt(r['acceptance_rate'])}"
             + (f" of {r['drafted']} drafted" if r.get("drafted") is not None else "")
@@ -418,7 +490,20 @@ def step_line(r: dict) -> str:
             + f"  drafter v{r['draft_version']}"
             + (f" (pushed in {r['draft_push_s']:.1f}s)" if r.get("draft_pushed") is not None else "")
             + _head_text(r)
-            + (f"  held-out accuracy {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else ""))
+            + (f"  held-out accuracy {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else "")
+            + _replay_text(r))
+
+
+def _replay_text(r: dict) -> str:
+    """An MoE policy: rollout-against-trainer log-prob mismatch with and without routing replay, and how many of the
+    engine's router decisions the trainer's own routers would have made otherwise."""
+    if r.get("logp_mismatch_replay") is None:
+        return ""
+    differing = r.get("routes_differing")
+    return (f"  |dlogp| replay {r['logp_mismatch_replay']:.4f} / no replay {r['logp_mismatch_no_replay']:.4f}, "
+            f"KL k3 {r['kl_k3_replay']:.2e} / {r['kl_k3_no_replay']:.2e}"
+            + (f", routes differing {differing:.2%} of {r['route_decisions']}" if differing is not None else "")
+            + f" (trained {'with' if r['routing_replay'] else 'without'} replay)")
 
 
 def _head_text(r: dict) -> str:
@@ -458,7 +543,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy_dir = args.model or run_command("prepare-model")
+    policy_dir = (run_command("prepare-model", "--moe") if args.model == "moe"
+                  else args.model or run_command("prepare-model"))
     if args.target:
         with RolloutClient(args.target) as client:
             method = client.status().speculation_method
