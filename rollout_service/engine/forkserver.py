@@ -45,6 +45,9 @@ def _run_with_environment(environ: dict, target, args: tuple, kwargs: dict):
     os.environ.clear()
     os.environ.update(environ)
     os.environ[ROOT_ENV] = str(os.getpid())
+    from rollout_service.engine.patches import install_config_patches
+
+    install_config_patches()             # before vLLM re-checks its config in the handshake
     lifeline.rearm()                     # forked from the fork server's image: its own watch, rooted here
     return target(*args, **kwargs)
 

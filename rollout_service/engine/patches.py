@@ -37,7 +37,9 @@ class Patch:
     install: Callable[[], bool] | None   # patches this process: True applied, False not needed (bug absent here)
     disable_env: str = ""             # set to 1: skipped (to measure without it)
     process: str = "worker"           # "worker": install_all; "engine_core", "front_end": vllm_plugin;
-    #                                   "scheduler": vLLM imports it
+    #                                   "scheduler": vLLM imports it; "config": wherever vLLM checks its config
+    #                                   (the front end's vllm_plugin, and install_config_patches in the engine core
+    #                                   before it re-checks the config it was handed)
 
 
 def _cpu_expansion() -> bool:
@@ -140,6 +142,13 @@ PATCHES: tuple[Patch, ...] = (
           "k_control = auto",
           "k_control = auto unavailable: use fixed k or k_by_batch_size",
           ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), None, process="scheduler"),
+    Patch("cpu_moe_reload_prepack", "engine/cpu_moe_reload.py",
+          "after a weight update vLLM's CPU MoE kernel reads its experts unpacked: UnquantizedFusedMoEMethod."
+          "_setup_kernel skips the experts' prepack (cpu_prepack_moe_weight) on updates (every reload moved a tiny "
+          "Qwen3-MoE's log-probs by 0.09 nats); not reported upstream yet (docs/upstream.md)",
+          "weight pushes to a mixture-of-experts policy on CPU",
+          "after any push an MoE policy on CPU serves wrong expert outputs: do not push to MoE policies here",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _module_install("engine.cpu_moe_reload")),
     Patch("v1_routed_experts", "engine/routed_experts.py",
           "vLLM's routed-experts capture (enable_return_routed_experts: router hooks, rows of accepted tokens only, "
           "prefix-cached rows kept by block hash) is driven only by Model Runner V2, which needs Triton; this drives "
@@ -152,7 +161,7 @@ PATCHES: tuple[Patch, ...] = (
           "v1_routed_experts the V1 runner serves it (the check's other conditions are kept)",
           "GenerateRequest.return_routed_experts on the V1 runner (this CPU)",
           "an MoE engine capturing routes does not start on the V1 runner",
-          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), _routes_config, process="front_end"),
+          ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), _routes_config, process="config"),
     Patch("cpu_worker_fork", "engine/patches.py",
           "vLLM's CPU platform starts every process by spawn (platforms/cpu.py sets VLLM_WORKER_MULTIPROC_METHOD), so "
           "the worker imports torch and vLLM again after the engine core did: ~6-12 s of every engine start on 2 "
@@ -230,11 +239,20 @@ def vllm_plugin() -> None:
 
     name = multiprocessing.current_process().name
     kind = "engine_core" if name.startswith("EngineCore") else "front_end" if name == "MainProcess" else ""
-    if not kind or _core_status:
+    if not kind or any(p.name in _core_status for p in PATCHES if p.process == kind):
         return
     platform, version = _platform(), _version()
     for p in PATCHES:
-        if p.process == kind:
+        if p.process == kind or (p.process == "config" and kind == "front_end" and p.name not in _core_status):
+            _core_status[p.name] = _install(p, platform, version)
+
+
+def install_config_patches() -> None:
+    """In an engine core process before it is built (engine/forkserver.py): vLLM re-runs VllmConfig's checks on the
+    config it was handed (EngineCoreProc's handshake) before its plugins load."""
+    platform, version = _platform(), _version()
+    for p in PATCHES:
+        if p.process == "config" and p.name not in _core_status:
             _core_status[p.name] = _install(p, platform, version)
 
 
@@ -269,7 +287,7 @@ def report(vllm_config=None) -> list[dict]:
     for p in PATCHES:
         state, reason = installed[p.name] if p.process == "worker" else \
             _engine_core_state(p) if p.process == "engine_core" else \
-            _front_end_state(p) if p.process == "front_end" else by_scheduler
+            _front_end_state(p) if p.process in ("front_end", "config") else by_scheduler
         if state == APPLIED and runner not in p.runners:
             state, reason = SKIPPED, f"the {runner.upper()} model runner is in use; the patch reaches only " \
                                      f"{', '.join(r.upper() for r in p.runners)}"

@@ -45,7 +45,9 @@ def install() -> bool:
 def allow_v1_runner() -> bool:
     """VllmConfig._verify_aux_output_compatibility refuses every runner but V2; keep its other checks (MoE model,
     prefix caching, no pipeline or context parallelism, ...) and let the V1 runner through, which install()
-    drives."""
+    drives. It also refuses the copy of the config a draft model is built with (runner "draft", a dense drafter:
+    "only supports generate runners"), which stopped every MoE target with a draft model; routes are captured on
+    the target only, so that copy is let through."""
     from vllm.config.vllm import VllmConfig
 
     if getattr(VllmConfig, "_rollout_aux_v1", False):
@@ -53,6 +55,8 @@ def allow_v1_runner() -> bool:
     check = VllmConfig._verify_aux_output_compatibility
 
     def verify(self) -> None:
+        if self.aux_output_config.enabled and self.model_config.runner_type == "draft":
+            return           # a draft model's copy of the config (DraftModelProposer): routes are the target's only
         check(self if self.use_v2_model_runner else _AsV2(self))
 
     VllmConfig._verify_aux_output_compatibility = verify

@@ -19,11 +19,13 @@ import json
 import logging
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 from rollout_service.config import ConfigError
 from rollout_service.faults import crash_point
 from rollout_service.scratch import recycle
+from rollout_service.weights.layers import completion
 
 log = logging.getLogger(__name__)
 TARGETS = ("policy", "drafter")
@@ -101,7 +103,33 @@ class CommittedWeights:
                 recycle(old, self.spare_dir)      # no engine reads it any more
         return kept
 
-    def values_file(self, names: list[str], target: str) -> Path:
+    def checkpoint_names(self, target: str) -> list[str]:
+        """Every tensor name of the target's checkpoint (its safetensors headers; read once)."""
+        cache = self.__dict__.setdefault("_names", {})
+        if target not in cache:
+            from safetensors import safe_open
+
+            names = []
+            for f in sorted(self.checkpoints[target].glob("*.safetensors")):
+                with safe_open(f, "pt") as fh:
+                    names += list(fh.keys())
+            cache[target] = names
+        return cache[target]
+
+    def whole_layers(self, names, target: str) -> list[str]:
+        """The other checkpoint tensors of the engine layers `names` load into (weights/layers.py): a partial load
+        must carry their committed values too."""
+        return completion(names, self.checkpoint_names(target))
+
+    def replay_file(self, target: str) -> Path | None:
+        """One file that brings an engine started from the checkpoint to the committed values (every overlaid
+        tensor, with the rest of the layers they load into), or None when nothing was committed."""
+        names = list(self.overlay[target])
+        if not names:
+            return None
+        return self.values_file(names + self.whole_layers(names, target), target, "replay")
+
+    def values_file(self, names: list[str], target: str, purpose: str = "rollback") -> Path:
         """A safetensors file with the committed values of `names` (overlay first, else the checkpoint)."""
         from safetensors import safe_open
         from safetensors.torch import save_file
@@ -118,7 +146,7 @@ class CommittedWeights:
                 for name in fh.keys():
                     if name in wanted and name not in values:
                         values[name] = fh.get_tensor(name)
-        out = self.spare_dir / f"rollback-{target}.safetensors"
+        out = self.spare_dir / f"{purpose}-{target}-{uuid.uuid4().hex[:8]}.safetensors"
         out.parent.mkdir(parents=True, exist_ok=True)
         save_file(values, str(out))
         return out

@@ -84,8 +84,13 @@ class EnginePool:
         """Bring an engine started from the checkpoints to the committed versions: replay every committed push
         (policy and drafter) and label the versions. Under the push lock."""
         for target in ("policy", "drafter"):
-            for f in self.committed.replay_files(target):
+            f = await asyncio.to_thread(self.committed.replay_file, target)
+            if f is None:
+                continue
+            try:
                 await engine.load_weights(str(f), target)
+            finally:
+                f.unlink(missing_ok=True)
         await engine.set_versions(self.policy_version, self.draft_version)
 
     async def shutdown(self) -> None:

@@ -61,9 +61,11 @@ class WeightCommitter:
         Runs to its end even when the caller is cancelled (shield.run_to_end), so no engine is left paused
         or half-loaded. keep_files=False hands the files to the committer: moved into its state when the
         commit lands, deleted when it fails. keep_files=True (LoadWeights) copies and never deletes them.
-        prepare(engines) -> one awaitable per engine, giving True if it prepared beside the served weights, False
-        if it loads `files` in place once paused (default: each engine prepares from `files`). A weight transfer
-        prepares from its group, and `files` is then the record one engine writes while it receives."""
+        prepare(engines, fill) -> one awaitable per engine, giving True if it prepared beside the served weights,
+        False if it loads `files` in place once paused (default: each engine prepares from `files` + `fill`). A
+        weight transfer prepares from its group, and `files` is then the record one engine writes while it
+        receives. `fill`: the files (zero or one) with the committed values of the rest of the engine layers a
+        partial push touches (weights/layers.py), loaded after the pushed tensors; never recorded."""
         async def commit_owning_files():
             try:
                 return await self._commit(files, names, version, target, mode, keep_files, prepare)
@@ -81,44 +83,61 @@ class WeightCommitter:
             # every committed push, this one included, before they serve.
             engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
             t_prepare = time.perf_counter()
-            prepare = prepare or (lambda es: [e.prepare_weights(files, target) for e in es])
-            prepared = await self._prepare(engines, prepare(engines), version, target)   # engines keep generating
-            prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
-            crash_point("prepared")
-            held = self.pool.held is not None                               # paused by an operator already
-            if not held:
-                await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
-            crash_point("paused")
-            t_apply = time.perf_counter()                              # from here on nothing generates
-            swapped = []
+            fill = await asyncio.to_thread(self._fill, names, target)
             try:
-                for e, ready in zip(engines, prepared):
-                    await e.apply_weights(ready, files, target)    # not ready: engine.weight_reload = "in_place"
-                    swapped.append(e)
-            except Exception as err:  # noqa: BLE001 - any engine failure rolls the whole commit back
-                failed = engines[len(swapped)]
-                await asyncio.gather(*(e.discard_weights() for e in engines[len(swapped) + 1:]),
-                                     return_exceptions=True)
-                await self._roll_back(swapped + [failed], names, target)
-                if not held:
-                    await asyncio.gather(*(e.resume() for e in engines if e.state is EngineState.PAUSED))
-                raise ServiceError(grpc.StatusCode.INTERNAL,
-                                   f"commit of {target} version {version} failed on {failed.id} "
-                                   f"({type(err).__name__}: {err}); every engine still serves {target} version "
-                                   f"{self.pool.versions[target]}") from err
-            apply_s = time.perf_counter() - t_apply
-            crash_point("applied")
-            await self.pool.label(engines, **{target: version})
-            crash_point("labelled")
+                return await self._commit_with(files, fill, names, version, target, mode, engines, t_prepare,
+                                               keep_files, prepare)
+            finally:
+                for f in fill:
+                    f.unlink(missing_ok=True)
+
+    def _fill(self, names: list[str], target: str) -> list[Path]:
+        rest = self.committed.whole_layers(names, target)
+        return [self.committed.values_file(rest, target, "fill")] if rest else []
+
+    async def _commit_with(self, files, fill, names, version, target, mode, engines, t_prepare, keep_files,
+                           prepare) -> CommitResult:
+        """The commit under the push lock: prepare (`files` and `fill`), pause, swap, label, resume, record."""
+        loads = [*files, *fill]
+        restore = names + self.committed.whole_layers(names, target)   # what a rollback restores
+        prepare = prepare or (lambda es, more: [e.prepare_weights(loads, target) for e in es])
+        prepared = await self._prepare(engines, prepare(engines, fill), version, target)   # engines generate
+        prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
+        crash_point("prepared")
+        held = self.pool.held is not None                               # paused by an operator already
+        if not held:
+            await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
+        crash_point("paused")
+        t_apply = time.perf_counter()                              # from here on nothing generates
+        swapped = []
+        try:
+            for e, ready in zip(engines, prepared):
+                await e.apply_weights(ready, loads, target)    # not ready: engine.weight_reload = "in_place"
+                swapped.append(e)
+        except Exception as err:  # noqa: BLE001 - any engine failure rolls the whole commit back
+            failed = engines[len(swapped)]
+            await asyncio.gather(*(e.discard_weights() for e in engines[len(swapped) + 1:]),
+                                 return_exceptions=True)
+            await self._roll_back(swapped + [failed], restore, target)
             if not held:
-                await asyncio.gather(*(e.resume() for e in engines))
-            pause_s = time.perf_counter() - t_apply
-            crash_point("resumed")
-            # Copying the committed file away (LoadWeights: a whole model) must not stall the event loop.
-            await asyncio.to_thread(self.committed.record, files, target, version, keep_files)
-            log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
-                     target, version, len(names), len(engines), apply_s, pause_s)
-            return CommitResult(version, target, apply_s, pause_s, prepare_s)
+                await asyncio.gather(*(e.resume() for e in engines if e.state is EngineState.PAUSED))
+            raise ServiceError(grpc.StatusCode.INTERNAL,
+                               f"commit of {target} version {version} failed on {failed.id} "
+                               f"({type(err).__name__}: {err}); every engine still serves {target} version "
+                               f"{self.pool.versions[target]}") from err
+        apply_s = time.perf_counter() - t_apply
+        crash_point("applied")
+        await self.pool.label(engines, **{target: version})
+        crash_point("labelled")
+        if not held:
+            await asyncio.gather(*(e.resume() for e in engines))
+        pause_s = time.perf_counter() - t_apply
+        crash_point("resumed")
+        # Copying the committed file away (LoadWeights: a whole model) must not stall the event loop.
+        await asyncio.to_thread(self.committed.record, files, target, version, keep_files)
+        log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
+                 target, version, len(names), len(engines), apply_s, pause_s)
+        return CommitResult(version, target, apply_s, pause_s, prepare_s)
 
     async def _prepare(self, engines, preparing: list, version: int, target: str) -> list[bool]:
         """Every engine loads the new weights beside the served ones, or none keeps them. Per engine: True

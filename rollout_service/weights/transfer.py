@@ -292,14 +292,15 @@ class WeightTransfer:
                 if len(listening) == len(group.engines):
                     receiving.set()
 
-            def prepare(engines):
+            def prepare(engines, fill):
                 ours = [e for e, _, _ in group.engines]
                 if set(map(id, engines)) != set(map(id, ours)):
                     raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                        (PUSH, ": the pool changed since the group was set up (engines now "
                                         f"{[e.id for e in engines]}, in the group {[e.id for e in ours]}: one "
                                         "restarted or was scaled); call ", INIT, " again"))
-                return [self._prepare_one(e, update_info, target, str(record) if i == 0 else "", started)
+                info = update_info | {"rollout_fill": [str(f) for f in fill]}   # the rest of the layers it touches
+                return [self._prepare_one(e, info, target, str(record) if i == 0 else "", started)
                         for i, e in enumerate(engines)]
             if self.watch and not await _answers(group.dial, group.master_port):
                 await self._close(f"the trainer's rendezvous at {group.master_address}:{group.master_port} does "
