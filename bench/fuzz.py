@@ -131,7 +131,8 @@ def random_generate(rng) -> pb.GenerateRequest:
                               top_logprobs=rng.choice([0, 0, 1, 5, 20, 21, -1, weird_int(rng)]),
                               stream_tokens=rng.random() < 0.5, return_partial=rng.random() < 0.5,
                               session_id=rng.choice(["", "", random_text(rng), f"conv-{rng.randint(0, 5)}",
-                                                     "s" * rng.choice([256, 257, 5000])]))
+                                                     "s" * rng.choice([256, 257, 5000])]),
+                              return_routed_experts=rng.random() < 0.2)     # a dense policy: INVALID_ARGUMENT
 
 
 def random_partial(rng) -> pb.PartialSample:
@@ -143,7 +144,10 @@ def random_partial(rng) -> pb.PartialSample:
         token_ids=[rng.choice([rng.randint(1, 100), weird_int(rng)]) for _ in range(n)],
         logprobs=[rng.choice([-1.0, weird_float(rng)]) for _ in range(n + rng.choice([0, 0, -1, 1]))],
         version_spans=[pb.VersionSpan(policy_version=v, first_token=t) for v, t in spans],
-        top_token_ids=[rng.randint(0, 100) for _ in range(n * k)], top_logprobs=[-2.0] * (n * k))
+        top_token_ids=[rng.randint(0, 100) for _ in range(n * k)], top_logprobs=[-2.0] * (n * k),
+        routed_experts=pb.RoutedExperts(ids=random_bytes(rng), shape=[weird_int(rng) for _ in range(3)],
+                                        dtype=rng.choice(["uint8", "uint16", random_text(rng)]))
+        if rng.random() < 0.2 else None)
 
 
 def valid_generate(rng) -> pb.GenerateRequest:

@@ -443,7 +443,11 @@ run_stack() {
   run_host_checks "stack: front end restarted: " status generate
   restarts=$(E inspect --format '{{.RestartCount}}' "$rollout" 2>/dev/null)
   after=$(json_field status policy_version)
-  pass "stack: front end recovered" "$recover_s s from the kill to ready; restarted ($restarts); serves policy version $after (was $version_before: a restarted front end serves the model it was started on)"
+  if [ "$after" = "$version_before" ]; then
+    pass "stack: front end recovered" "$recover_s s from the kill to ready; restarted ($restarts); serves policy version $after, the committed one (--state-dir)"
+  else
+    fail "stack: front end recovered" "serves policy version $after after the restart, not the committed $version_before"
+  fi
   C logs > "$work/compose.log" 2>&1
   # stop: SIGTERM, the front end first (as Docker Compose orders it: it depends on the Ray nodes; podman-compose
   # 1.6 signals every container at once, and a front end whose Ray cluster is going away cannot stop its engines)

@@ -106,3 +106,41 @@ def test_a_second_field_in_the_detail_is_a_name():
         check_generate(build_request([[1]], max_tokens=60), MODEL, limits)
     assert e.value.message == "sampling.max_tokens: 60 exceeds the server's max_new_tokens=50; lower max_tokens"
     assert e.value.parts[-1] == Name("sampling.max_tokens", "max_tokens")
+
+
+def test_routed_experts_are_asked_of_a_mixture_of_experts_only_and_a_partials_routes_are_checked():
+    import dataclasses
+
+    import numpy as np
+
+    from rollout_client import RoutedExperts, Sample
+    from rollout_service.model_info import MoeShape
+
+    with pytest.raises(ServiceError) as e:                      # a dense policy
+        check([[1, 2]], return_routed_experts=True)
+    assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT and e.value.field == "return_routed_experts"
+    moe = dataclasses.replace(MODEL, moe=MoeShape(num_experts=8, top_k=2, num_layers=3))
+    with pytest.raises(ServiceError) as e:                      # an MoE served without capture
+        check_generate(build_request([[1, 2]], return_routed_experts=True), moe, LIMITS)
+    assert e.value.code is grpc.StatusCode.FAILED_PRECONDITION and "--routed-experts" in e.value.message
+    limits = dataclasses.replace(LIMITS, routed_experts=True)
+    assert check_generate(build_request([[1, 2]], return_routed_experts=True), moe, limits).groups[0][0] \
+        .return_routed_experts
+
+    def partial(rows: int, **kw):
+        ids = np.zeros((rows, 3, 2), dtype=np.uint8)
+        routes = RoutedExperts(**{"ids": ids, "first_row": 0, "version_spans": [(0, 0)], **kw})
+        return Sample(0, 0, np.array([5, 6]), np.array([-1.0, -1.0]), "abort", "", 0, [(0, 0)], 0, 0, 0, "", 2,
+                      routed_experts=routes)
+
+    ok = check_generate(build_request([[1, 2]], return_routed_experts=True, partials=[partial(3)], max_tokens=8),
+                        moe, limits)
+    seq = ok.groups[0][0]
+    assert seq.routes_from == 3 and seq.prompt_token_ids == [1, 2, 5, 6]    # rows of prompt + partial - 1 kept
+    for bad, field in ((partial(4), "shape"), (partial(3, ids=np.full((3, 3, 2), 9, dtype=np.uint8)), "ids"),
+                       (partial(3, version_spans=[(0, 1)]), "version_spans")):
+        with pytest.raises(ServiceError) as e:
+            check_generate(build_request([[1, 2]], return_routed_experts=True, partials=[bad], max_tokens=8), moe,
+                           limits)
+        assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.field == f"prompts[0].partial.routed_experts.{field}", e.value.field
