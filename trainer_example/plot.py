@@ -3,8 +3,9 @@
     python -m trainer_example.plot runs/sync/metrics.jsonl runs/async/metrics.jsonl --out plots/
 
 Writes accuracy.png (held-out accuracy and train reward), step_time.png (time per phase, one bar per run),
-acceptance.png (speculation acceptance per step, with the drafter version) and kl.png (KL to the start
-policy). Each run is labelled by its directory name.
+acceptance.png (speculation acceptance per step, with the drafter version), kl.png (KL to the start
+policy) and, for runs on an MoE policy, routing_replay.png (the rollout-against-trainer log-prob mismatch per step
+with and without routing replay). Each run is labelled by its directory name.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-PHASES = ["generate_s", "recompute_s", "train_s", "adapt_s", "push_s"]
+PHASES = ["generate_s", "recompute_s", "replay_check_s", "train_s", "adapt_s", "push_s"]
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -78,6 +79,21 @@ def plot_runs(paths: list[str], out: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     written.append(_save(fig, out / "kl.png"))
+
+    moe = {name: [r for r in rows if r.get("logp_mismatch_replay") is not None] for name, rows in runs.items()}
+    if any(moe.values()):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        for name, rows in moe.items():
+            steps = [r["step"] for r in rows]
+            for key, style, what in (("replay", "-o", "with replay"), ("no_replay", "--x", "without replay")):
+                a1.plot(steps, [r[f"logp_mismatch_{key}"] for r in rows], style, label=f"{name}: {what}")
+                a2.plot(steps, [max(r[f"kl_k3_{key}"], 1e-12) for r in rows], style, label=f"{name}: {what}")
+        a1.set(xlabel="step", ylabel="mean |log p_trainer - log p_rollout|", title="log-prob mismatch per token")
+        a2.set(xlabel="step", ylabel="KL(rollout || trainer), k3", title="KL estimate per token", yscale="log")
+        for a in (a1, a2):
+            a.grid(alpha=0.3)
+            a.legend()
+        written.append(_save(fig, out / "routing_replay.png"))
     return written
 
 

@@ -62,7 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="sampling temperature; the trainer's log-probs use logits / T to match the sampler's. "
                          "0.5: SmolLM2-135M at 1.0 almost never answers correctly, so GRPO groups carry no signal")
     ap.add_argument("--engine-dtype", default="float32", choices=["auto", "float32", "bfloat16"],
-                    help="dtype of the service the trainer starts (float32 matches the trainer's own numerics)")
+                    help="dtype of the service the trainer starts (float32 matches the trainer's own numerics; "
+                         "bfloat16: pushes are cast to it; with --target, say the service's dtype here)")
     ap.add_argument("--max-ops", type=int, default=1, help="operations per word problem: 1..max-ops (task.py)")
     ap.add_argument("--lr", type=float, default=5e-6)
     ap.add_argument("--clip-eps", type=float, default=0.2)
@@ -197,7 +198,10 @@ class Trainer:
             return self.policy
         from transformers.core_model_loading import revert_weight_conversion
 
-        return revert_weight_conversion(self.policy, self.policy.state_dict())
+        state = revert_weight_conversion(self.policy, self.policy.state_dict())
+        if self.policy.config.tie_word_embeddings:      # the reverted dict sorts lm_head first: send the embedding
+            state.pop("lm_head.weight", None)
+        return state
 
     def encode(self, problems) -> list[list[int]]:
         return [chat_token_ids(self.tok, user_turn(p.prompt)) for p in problems]
@@ -351,6 +355,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     prefetch = None
     if args.mode == "async":
         prefetch = Prefetcher(client, next_problems, lambda: version, max_lag=args.max_lag, **gen).start()
+    # A bfloat16 engine accepts bfloat16 pushes only (the service takes the checkpoint's or the serving dtype).
+    push_dtype = torch.bfloat16 if args.engine_dtype == "bfloat16" else None
     rows, t_start = [], time.perf_counter()
     bar = tqdm(range(args.steps), desc=f"GRPO {args.mode}", unit="step")
     try:
@@ -399,7 +405,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             # 5. push
             version += 1
             push = sync.push if sync is not None else client.push_weights
-            pushed = push(trainer.push_weights(), version, mode="keep" if prefetch else "wait")
+            pushed = push(trainer.push_weights(), version, mode="keep" if prefetch else "wait", dtype=push_dtype)
             t_draft = time.perf_counter()
             drafter_weights = trainer.drafter.weights() if trainer.drafter is not None else head_weights
             if drafter_weights is not None and (step + 1) % args.draft_every == 0:

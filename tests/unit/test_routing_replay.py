@@ -271,13 +271,26 @@ def test_a_dense_policy_has_no_routing(tmp_path):
     assert t.counterfactual(pack(rollouts_with_routes(tiny_moe("mixtral"), n=2))) is None
 
 
-def test_an_moe_policy_is_pushed_under_the_checkpoints_names(moe_policy_dir):
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_moe_policy_is_pushed_under_the_checkpoints_names(moe_policy_dir, tmp_path, tied):
     """transformers 5 fuses the experts in memory; the service validates a push against the checkpoint's names
-    (block_sparse_moe.experts.{e}.w1/w2/w3), so the trainer pushes those, with the tensors it trains."""
+    (block_sparse_moe.experts.{e}.w1/w2/w3), so the trainer pushes those, with the tensors it trains; a tied
+    embedding goes once, under the embedding's name (the upcycled SmolLM2 ties them)."""
+    import shutil
+
     from rollout_client.weights import state_tensors
     from rollout_service.weights.manifest import read_manifest
     from trainer_example.train import Trainer, parse_args
 
+    if tied:
+        from transformers import MixtralForCausalLM
+
+        model = MixtralForCausalLM.from_pretrained(moe_policy_dir)
+        model.config.tie_word_embeddings = True
+        MixtralForCausalLM(model.config).save_pretrained(tmp_path)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(f"{moe_policy_dir}/{f}", tmp_path)
+        moe_policy_dir = str(tmp_path)
     t = Trainer(moe_policy_dir, parse_args([]), None)
     manifest = read_manifest(moe_policy_dir, "float32")
     pushed = dict(state_tensors(t.push_weights()))
