@@ -92,7 +92,8 @@ def k_mode(sp: SpeculationConfig) -> str:
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How each vLLM engine is built."""
 
-    model: option(str, "local Hugging Face model directory", "--model", shown="embedded SmolLM2-135M-Instruct") = ""
+    model: option(str, "local Hugging Face model directory, or `moe` (SmolLM2 upcycled into a mixture of experts: "
+                       "`prepare-model --moe`)", "--model", shown="embedded SmolLM2-135M-Instruct") = ""
     dtype: option(Literal[DTYPES], "`auto` = the model's dtype, except float32 on CPUs without native bf16 (bf16 is "
                                    "3x slower there)", "--dtype") = "auto"
     max_model_len: option(int, "context length per sequence (prompt + generated tokens)", "--max-model-len",
