@@ -285,8 +285,9 @@ class _ReloadNotes(logging.Filter):
         return False
 
 
+LAYERWISE = "vllm.model_executor.model_loader.reload.layerwise"
 _notes = _ReloadNotes()
-logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_notes)
+logging.getLogger(LAYERWISE).addFilter(_notes)
 _explained = False
 
 
@@ -296,10 +297,17 @@ def _finalize_noted(finalize) -> list[str]:
     one line per push (a partial push leaves those layers as they were). Returns the layers that got nothing."""
     global _explained
     _notes.kept = []
+    layerwise = logging.getLogger(LAYERWISE)
+    disabled, layerwise.disabled = layerwise.disabled, False     # a logging config may have disabled it: collect
+    level = layerwise.level
+    if not layerwise.isEnabledFor(logging.WARNING):
+        layerwise.setLevel(logging.WARNING)                        # (collected here, said by us or not at all)
     try:
         finalize()
     finally:
         kept, _notes.kept = _notes.kept, None
+        layerwise.disabled = disabled
+        layerwise.setLevel(level)
     expected = [k for k in kept if k.endswith("RotaryEmbedding") or k == "ParallelLMHead"]
     others = [k for k in kept if k not in expected]
     if expected and not _explained:

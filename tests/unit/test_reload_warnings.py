@@ -3,9 +3,26 @@ would print (rotary embeddings, a tied LM head) are explained once; other layers
 warning line per push, not one per layer; outside our reloads vLLM's warning passes unchanged."""
 import logging
 
+import pytest
+
 from rollout_service.engine import worker_ext
 
 LAYERWISE = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+@pytest.fixture(autouse=True)
+def _vllm_logging_as_is(request):
+    """vLLM configures its loggers on import (its own handler, no propagation, its level), which other tests of the
+    session may have done: the checks read what reaches the root logger, so undo that here and restore it after."""
+    loggers = [logging.getLogger(n) for n in ("vllm", LAYERWISE)]
+    saved = [(lg.propagate, lg.disabled, lg.level, list(lg.handlers)) for lg in loggers]
+    for lg in loggers:
+        lg.propagate, lg.disabled, lg.handlers = True, False, []
+        lg.setLevel(logging.NOTSET)
+    yield
+    for lg, (propagate, disabled, level, handlers) in zip(loggers, saved):
+        lg.propagate, lg.disabled, lg.handlers = propagate, disabled, handlers
+        lg.setLevel(level)
 
 
 def finalize(*layers):
