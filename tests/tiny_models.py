@@ -7,6 +7,16 @@ from pathlib import Path
 from rollout_service.models import find_gguf, save_atomically
 
 
+def _tokenizer(tokenizer_from: Path | None):
+    """SmolLM2's tokenizer: from `tokenizer_from` (a model dir), else from the packaged GGUF."""
+    from transformers import AutoTokenizer
+
+    if tokenizer_from is not None:
+        return AutoTokenizer.from_pretrained(tokenizer_from)
+    gguf = find_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 def build_tiny_model(out: Path, *, layers: int = 2, hidden: int = 128, seed: int = 0,
                      tokenizer_from: Path | None = None, tied: bool = False) -> Path:
     """A tiny random Llama with SmolLM2's tokenizer (vocab 49152), float32, built in seconds.
@@ -14,13 +24,9 @@ def build_tiny_model(out: Path, *, layers: int = 2, hidden: int = 128, seed: int
     The tokenizer comes from `tokenizer_from` (a model dir) or from the packaged GGUF.
     """
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    if tokenizer_from is not None:
-        tok = AutoTokenizer.from_pretrained(tokenizer_from)
-    else:
-        gguf = find_gguf()
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = _tokenizer(tokenizer_from)
     config = LlamaConfig(
         vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
         # head_dim 64: vLLM's CPU attention needs >= 32
@@ -60,13 +66,9 @@ def build_tiny_moe_model(out: Path, *, layers: int = 2, hidden: int = 128, exper
     tokenizer, float32, built in seconds. Router weights are scaled up so that routing is decisive (top-k margins
     well above float noise: an independent forward pass routes every token the same way)."""
     import torch
-    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    if tokenizer_from is not None:
-        tok = AutoTokenizer.from_pretrained(tokenizer_from)
-    else:
-        gguf = find_gguf()
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = _tokenizer(tokenizer_from)
     config = Qwen3MoeConfig(
         vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 2, moe_intermediate_size=hidden,
         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
