@@ -60,15 +60,12 @@ class CommittedWeights:
         self.durable = durable
         self.restored = {t: 0 for t in TARGETS}          # versions read back from state_dir at start-up
         self.aside: dict[str, dict] = {}                 # target -> its record for another checkpoint, kept as is
+        self._checkpoint_names: dict[str, list[str]] = {}   # target -> its checkpoint's tensor names (read once)
         if durable:
             self._restore()
 
     def has(self, target: str) -> bool:
         return self.checkpoints.get(target) is not None
-
-    def replay_files(self, target: str) -> list[Path]:
-        """The files that bring an engine started from the checkpoint to the committed values, in commit order."""
-        return sorted(set(self.overlay[target].values()))
 
     def record(self, files: list[Path], target: str, version: int, keep: bool) -> list[Path]:
         """Make `files` (safetensors) the committed values of the tensors they hold, as `version` of `target`.
@@ -105,7 +102,7 @@ class CommittedWeights:
 
     def checkpoint_names(self, target: str) -> list[str]:
         """Every tensor name of the target's checkpoint (its safetensors headers; read once)."""
-        cache = self.__dict__.setdefault("_names", {})
+        cache = self._checkpoint_names
         if target not in cache:
             from safetensors import safe_open
 

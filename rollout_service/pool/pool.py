@@ -73,25 +73,30 @@ class EnginePool:
             await together
         if any(self.committed.restored.values()):
             async with self.push_lock:
-                for e in self.engines:
-                    e.state = EngineState.STARTING      # not routed to until it serves the committed versions
-                    await self._catch_up(e)
-                    e.state = EngineState.READY
+                await self._catch_up(self.engines)
             log.info("restored from %s: policy version %d, drafter version %d", self.committed.state_dir,
                      self.policy_version, self.draft_version)
 
-    async def _catch_up(self, engine: Engine) -> None:
-        """Bring an engine started from the checkpoints to the committed versions: replay every committed push
-        (policy and drafter) and label the versions. Under the push lock."""
-        for target in ("policy", "drafter"):
-            f = await asyncio.to_thread(self.committed.replay_file, target)
-            if f is None:
-                continue
-            try:
-                await engine.load_weights(str(f), target)
-            finally:
-                f.unlink(missing_ok=True)
-        await engine.set_versions(self.policy_version, self.draft_version)
+    async def _catch_up(self, engines: list[Engine]) -> None:
+        """Bring engines started from the checkpoints to the committed versions: replay every committed push
+        (policy and drafter, one file per target written once for all of them) and label the versions; each is
+        STARTING (not routed to) meanwhile and READY after. Under the push lock."""
+        for engine in engines:
+            engine.state = EngineState.STARTING
+        files = {}
+        try:
+            for target in ("policy", "drafter"):
+                files[target] = await asyncio.to_thread(self.committed.replay_file, target)
+            for engine in engines:
+                for target, f in files.items():
+                    if f is not None:
+                        await engine.load_weights(str(f), target)
+                await engine.set_versions(self.policy_version, self.draft_version)
+                engine.state = EngineState.READY
+        finally:
+            for f in files.values():
+                if f is not None:
+                    f.unlink(missing_ok=True)
 
     async def shutdown(self) -> None:
         """Fail every unfinished request with UNAVAILABLE, then stop the engines."""
@@ -134,9 +139,7 @@ class EnginePool:
             try:
                 await engine.shutdown()
                 await engine.start()
-                engine.state = EngineState.STARTING     # not routed to until it matches the others
-                await self._catch_up(engine)
-                engine.state = EngineState.READY
+                await self._catch_up([engine])        # STARTING (not routed to) until it matches the others
             except Exception:  # noqa: BLE001 - a failed restart leaves the engine out of service, not the server
                 log.exception("%s: restart failed; it stays unhealthy", engine.id)
                 engine.state = EngineState.UNHEALTHY

@@ -129,7 +129,7 @@ def test_a_server_killed_at_any_phase_of_a_commit_restarts_at_the_old_or_the_new
         expected = 2 if point == "manifest_written" else 1     # the record is the commit's last word
         assert pool.policy_version == expected
         assert _same(_served(pool), V2 if expected == 2 else V1), f"a mixture after a kill at {point}"
-        live = set(pool.committed.replay_files("policy"))
+        live = set(pool.committed.overlay["policy"].values())
         assert set((state / "policy").glob("*.safetensors")) == live, "files of the killed commit left behind"
         if expected == 1:                          # the trainer pushes version 2 again
             await push(svc, V2, 2)
