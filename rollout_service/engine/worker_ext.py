@@ -285,10 +285,15 @@ class _ReloadNotes(logging.Filter):
         return False
 
 
-LAYERWISE = "vllm.model_executor.model_loader.reload.layerwise"
 _notes = _ReloadNotes()
-logging.getLogger(LAYERWISE).addFilter(_notes)
 _explained = False
+
+
+def _layerwise_logger() -> logging.Logger:
+    """The logger vLLM's layerwise reload warns on: its module's own object, not a lookup by name (a library that
+    replaces logging's manager, as AReaL's logging does, makes getLogger(name) return a different object)."""
+    from vllm.model_executor.model_loader.reload import layerwise
+    return layerwise.logger
 
 
 def _finalize_noted(finalize) -> list[str]:
@@ -296,8 +301,9 @@ def _finalize_noted(finalize) -> list[str]:
     and explained: the expected ones (rotary embeddings, a tied head) in one line once per process, any others in
     one line per push (a partial push leaves those layers as they were). Returns the layers that got nothing."""
     global _explained
+    layerwise = _layerwise_logger()
+    layerwise.addFilter(_notes)                                    # (once: addFilter keeps one copy)
     _notes.kept = []
-    layerwise = logging.getLogger(LAYERWISE)
     disabled, layerwise.disabled = layerwise.disabled, False     # a logging config may have disabled it: collect
     level = layerwise.level
     if not layerwise.isEnabledFor(logging.WARNING):
