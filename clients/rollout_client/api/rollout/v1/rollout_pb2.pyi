@@ -26,6 +26,7 @@ class WeightTarget(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TARGET_UNSPECIFIED: _ClassVar[WeightTarget]
     TARGET_POLICY: _ClassVar[WeightTarget]
     TARGET_DRAFTER: _ClassVar[WeightTarget]
+    TARGET_ADAPTER: _ClassVar[WeightTarget]
 
 class EngineState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ IN_FLIGHT_KEEP: InFlightMode
 TARGET_UNSPECIFIED: WeightTarget
 TARGET_POLICY: WeightTarget
 TARGET_DRAFTER: WeightTarget
+TARGET_ADAPTER: WeightTarget
 ENGINE_STATE_UNSPECIFIED: EngineState
 ENGINE_STATE_STARTING: EngineState
 ENGINE_STATE_READY: EngineState
@@ -66,20 +68,22 @@ class Prompt(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., apply_chat_template: _Optional[bool] = ..., partial: _Optional[_Union[PartialSample, _Mapping]] = ...) -> None: ...
 
 class PartialSample(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "version_spans", "top_token_ids", "top_logprobs", "routed_experts")
+    __slots__ = ("token_ids", "logprobs", "version_spans", "top_token_ids", "top_logprobs", "routed_experts", "policy")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
     TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
     top_token_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: _containers.RepeatedScalarFieldContainer[float]
     routed_experts: RoutedExperts
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ...) -> None: ...
+    policy: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "ignore_eos", "stop_token_ids")
@@ -102,7 +106,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompts", "n", "sampling", "min_policy_version", "return_text", "top_logprobs", "stream_tokens", "return_partial", "session_id", "return_routed_experts")
+    __slots__ = ("request_id", "prompts", "n", "sampling", "min_policy_version", "return_text", "top_logprobs", "stream_tokens", "return_partial", "session_id", "return_routed_experts", "policy", "policy_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +118,8 @@ class GenerateRequest(_message.Message):
     RETURN_PARTIAL_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RETURN_ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     n: int
@@ -125,7 +131,9 @@ class GenerateRequest(_message.Message):
     return_partial: bool
     session_id: str
     return_routed_experts: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., stream_tokens: _Optional[bool] = ..., return_partial: _Optional[bool] = ..., session_id: _Optional[str] = ..., return_routed_experts: _Optional[bool] = ...) -> None: ...
+    policy: str
+    policy_version: int
+    def __init__(self, request_id: _Optional[str] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., n: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., stream_tokens: _Optional[bool] = ..., return_partial: _Optional[bool] = ..., session_id: _Optional[str] = ..., return_routed_experts: _Optional[bool] = ..., policy: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class RoutedExperts(_message.Message):
     __slots__ = ("ids", "shape", "dtype", "version_spans", "first_row")
@@ -150,7 +158,7 @@ class VersionSpan(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., first_token: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("prompt_index", "sample_index", "token_ids", "logprobs", "finish_reason", "stop_string", "policy_version", "version_spans", "draft_version", "num_drafted", "num_accepted", "text", "num_prompt_tokens", "prompt_token_ids", "top_token_ids", "top_logprobs", "delta", "delta_start", "num_cached_tokens", "routed_experts")
+    __slots__ = ("prompt_index", "sample_index", "token_ids", "logprobs", "finish_reason", "stop_string", "policy_version", "version_spans", "draft_version", "num_drafted", "num_accepted", "text", "num_prompt_tokens", "prompt_token_ids", "top_token_ids", "top_logprobs", "delta", "delta_start", "num_cached_tokens", "routed_experts", "policy")
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +179,7 @@ class Sample(_message.Message):
     DELTA_START_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     prompt_index: int
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -191,23 +200,28 @@ class Sample(_message.Message):
     delta_start: int
     num_cached_tokens: int
     routed_experts: RoutedExperts
-    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., delta: _Optional[bool] = ..., delta_start: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ...) -> None: ...
+    policy: str
+    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., delta: _Optional[bool] = ..., delta_start: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("version", "target", "total_bytes", "sha256", "in_flight", "partial")
+    __slots__ = ("version", "target", "total_bytes", "sha256", "in_flight", "partial", "adapter", "adapter_config")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CONFIG_FIELD_NUMBER: _ClassVar[int]
     version: int
     target: WeightTarget
     total_bytes: int
     sha256: str
     in_flight: InFlightMode
     partial: bool
-    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ...) -> None: ...
+    adapter: str
+    adapter_config: str
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., adapter: _Optional[str] = ..., adapter_config: _Optional[str] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "data")
@@ -240,18 +254,20 @@ class PushRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., trailer: _Optional[_Union[PushTrailer, _Mapping]] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("version", "target", "path", "in_flight", "partial")
+    __slots__ = ("version", "target", "path", "in_flight", "partial", "adapter")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     version: int
     target: WeightTarget
     path: str
     in_flight: InFlightMode
     partial: bool
-    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., path: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ...) -> None: ...
+    adapter: str
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., path: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class PushTimings(_message.Message):
     __slots__ = ("receive_s", "validate_s", "apply_s", "pause_s", "total_s", "prepare_s")
@@ -338,7 +354,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches", "sessions", "durability", "moe")
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches", "sessions", "durability", "moe", "adapters", "adapter_limits", "tenants")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +379,9 @@ class Status(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     DURABILITY_FIELD_NUMBER: _ClassVar[int]
     MOE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     policy_version: int
     draft_version: int
@@ -387,7 +406,10 @@ class Status(_message.Message):
     sessions: SessionStats
     durability: Durability
     moe: MoeInfo
-    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ..., sessions: _Optional[_Union[SessionStats, _Mapping]] = ..., durability: _Optional[_Union[Durability, _Mapping]] = ..., moe: _Optional[_Union[MoeInfo, _Mapping]] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[AdapterStatus]
+    adapter_limits: AdapterLimits
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ..., sessions: _Optional[_Union[SessionStats, _Mapping]] = ..., durability: _Optional[_Union[Durability, _Mapping]] = ..., moe: _Optional[_Union[MoeInfo, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterStatus, _Mapping]]] = ..., adapter_limits: _Optional[_Union[AdapterLimits, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ...) -> None: ...
 
 class Durability(_message.Message):
     __slots__ = ("state_dir", "restored_policy_version", "restored_draft_version")
@@ -564,3 +586,67 @@ class PatchState(_message.Message):
     serves: str
     without: str
     def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., serves: _Optional[str] = ..., without: _Optional[str] = ...) -> None: ...
+
+class AdapterStatus(_message.Message):
+    __slots__ = ("name", "version", "loaded_versions", "rank", "num_bytes", "target_modules", "running_sequences", "samples_total", "tokens_total", "num_drafted", "num_accepted", "tenant")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOADED_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    loaded_versions: _containers.RepeatedScalarFieldContainer[int]
+    rank: int
+    num_bytes: int
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    running_sequences: int
+    samples_total: int
+    tokens_total: int
+    num_drafted: int
+    num_accepted: int
+    tenant: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., loaded_versions: _Optional[_Iterable[int]] = ..., rank: _Optional[int] = ..., num_bytes: _Optional[int] = ..., target_modules: _Optional[_Iterable[str]] = ..., running_sequences: _Optional[int] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class AdapterLimits(_message.Message):
+    __slots__ = ("max_adapters", "max_rank", "max_bytes", "versions_kept", "max_loras_per_batch")
+    MAX_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
+    max_adapters: int
+    max_rank: int
+    max_bytes: int
+    versions_kept: int
+    max_loras_per_batch: int
+    def __init__(self, max_adapters: _Optional[int] = ..., max_rank: _Optional[int] = ..., max_bytes: _Optional[int] = ..., versions_kept: _Optional[int] = ..., max_loras_per_batch: _Optional[int] = ...) -> None: ...
+
+class TenantStatus(_message.Message):
+    __slots__ = ("name", "policies", "admitted_sequences", "max_sequences", "waiting_sequences", "samples_total")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    policies: _containers.RepeatedScalarFieldContainer[str]
+    admitted_sequences: int
+    max_sequences: int
+    waiting_sequences: int
+    samples_total: int
+    def __init__(self, name: _Optional[str] = ..., policies: _Optional[_Iterable[str]] = ..., admitted_sequences: _Optional[int] = ..., max_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., samples_total: _Optional[int] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...

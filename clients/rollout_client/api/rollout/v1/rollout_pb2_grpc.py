@@ -86,6 +86,11 @@ class RolloutServiceStub:
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.CloseWeightTransferRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.FromString,
                 _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/rollout.v1.RolloutService/UnloadAdapter',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AdapterStatus.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -179,6 +184,16 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UnloadAdapter(self, request, context):
+        """Stops serving a LoRA adapter (admin token, or a tenant token whose policies include it): new requests naming it
+        fail NOT_FOUND at once; samples in flight on it finish, then every engine unloads its versions and the server
+        forgets them (a later push of the name starts a new version line, its versions still above the last one).
+        Unknown name: NOT_FOUND. Returns the adapter as it was.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -226,6 +241,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.CloseWeightTransfer,
                     request_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseWeightTransferRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AdapterStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -478,6 +498,33 @@ class RolloutService:
             '/rollout.v1.RolloutService/CloseWeightTransfer',
             rollout_dot_v1_dot_rollout__pb2.CloseWeightTransferRequest.SerializeToString,
             rollout_dot_v1_dot_rollout__pb2.WeightTransferGroup.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/UnloadAdapter',
+            rollout_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.AdapterStatus.FromString,
             options,
             channel_credentials,
             insecure,
