@@ -35,7 +35,7 @@ ADMIN_HTTP_PATHS = frozenset({
     "/pause_generation", "/continue_generation", "/abort_request", "/flush_cache", "/init_weight_transfer_engine",
     "/start_weight_update", "/finish_weight_update", "/start_draft_weight_update", "/shutdown_weight_transfer_engine",
     "/init_weights_update_group", "/update_weights_from_distributed", "/update_weights_from_tensor",
-    "/update_weights_from_ipc", "/destroy_weights_update_group"})
+    "/update_weights_from_ipc", "/destroy_weights_update_group", "/collective_rpc"})
 
 
 def _read_secret(path: str, env: str, what: str) -> str:

@@ -205,7 +205,10 @@ class Writer:
             c["token_ids"] = r.token_ids
             if o.text:
                 c["text"] = text
-            c["logprobs"] = {"content": [{"token_id": t, "logprob": lp,
+            # vLLM 0.32's entries (token_id, logprob, top_logprobs), plus the `token` string its chat-shaped entries
+            # carry with --return-tokens-as-token-ids ("token_id:N"): renderers 0.1.12 (verifiers' train client)
+            # checks that one
+            c["logprobs"] = {"content": [{"token_id": t, "token": f"token_id:{t}", "logprob": lp,
                                           "top_logprobs": [{"token_id": a, "logprob": max(b, MIN_LOGPROB)}
                                                            for a, b in zip(ts, ls)]}
                                          for t, lp, ts, ls in zip(r.token_ids, r.logprobs, tops, top_lps)]

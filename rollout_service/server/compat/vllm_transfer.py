@@ -33,7 +33,11 @@ SPELLING = {"InitWeightTransfer": "POST /init_weight_transfer_engine", "Transfer
             "buffer_bytes": "init_info.packed_buffer_size_bytes", "tensors": "update_info.names"}
 INIT_FIELDS = {"master_address", "master_port", "rank_offset", "world_size", "packed", "packed_buffer_size_bytes",
                "packed_num_buffers", "nccl_unique_id_b64", "timeout_s"}
-UPDATE_FIELDS = {"names", "dtype_names", "shapes", "packed", "is_checkpoint_format"}
+# vLLM 0.32's update_info is names, dtype_names, shapes; earlier releases carried the packing in it too, as OpenPipe
+# ART 0.5.18 still sends it (packed, packed_buffer_size_bytes, packed_num_buffers): accepted where it agrees with
+# the group
+UPDATE_FIELDS = {"names", "dtype_names", "shapes", "packed", "is_checkpoint_format", "packed_buffer_size_bytes",
+                 "packed_num_buffers"}
 
 
 def _unknown(body: dict, known: set[str], where: str) -> None:
@@ -181,6 +185,14 @@ class VllmWeightTransfer:
         for key in ("packed", "is_checkpoint_format"):
             if not f.bool(key, True):
                 raise DialectError(400, f"update_info.{key}: must be true", f"update_info.{key}")
+        group = self.transfer.group
+        buffer_bytes = f.int("packed_buffer_size_bytes")
+        if buffer_bytes is not None and group is not None and buffer_bytes != group.buffer_bytes:
+            raise DialectError(400, f"update_info.packed_buffer_size_bytes: {buffer_bytes} is not the group's chunk "
+                                    f"size ({group.buffer_bytes}, set by /init_weight_transfer_engine); both sides "
+                                    "must cut the same chunks", "update_info.packed_buffer_size_bytes")
+        if f.int("packed_num_buffers", 1) < 1:
+            raise DialectError(400, "update_info.packed_num_buffers: must be >= 1", "update_info.packed_num_buffers")
         metas = self._metas(info)
         target = self.open
         if target is None:

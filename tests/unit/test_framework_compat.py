@@ -1,0 +1,108 @@
+"""What RL frameworks' own clients need of the vLLM dialect beyond completions (compat/vllm_extras.py and the
+additions to vllm_api.py / vllm_transfer.py), on FakeEngine (no vLLM): vLLM's /tokenize and /detokenize (SkyRL
+without a local tokenizer), SkyRL's /collective_rpc weight-update methods, the `token` string renderers (verifiers'
+train client) checks in /inference/v1/generate log-probs, and the packing fields OpenPipe ART sends in update_info.
+The frameworks' real clients against real engines: tests/integration/test_framework_clients.py."""
+import asyncio
+
+import pytest
+
+from rollout_service.server.auth import Credentials
+from tests.unit.test_http_dialects import ADMIN, INFO, INIT, TOKEN, make  # noqa: F401 - the fixture `build` uses
+
+
+@pytest.fixture
+def build(make):  # noqa: F811 - test_http_dialects' fixture: a service on FakeEngines, its HTTP client
+    return make
+
+
+def test_tokenize_and_detokenize_answer_vllms_shapes(build):
+    async def main():
+        _, _, c = await build()
+        r = await c.post("/tokenize", json={"model": "m", "prompt": "a bb ccc", "return_token_strs": False})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"count": 3, "max_model_len": 256, "tokens": [1, 2, 3], "token_strs": None}
+        r = await c.post("/tokenize", json={"messages": [{"role": "user", "content": "hi there"}]})
+        assert r.status_code == 200 and r.json()["tokens"] == [1, 2, 5, 2]        # the chat template
+        r = await c.post("/detokenize", json={"model": "m", "tokens": [4, 5]})
+        assert r.status_code == 200 and r.json() == {"prompt": "w4 w5"}
+        for path, body, field in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": 3}, "prompt"),
+                                  ("/tokenize", {"messages": [{"role": "user"}]}, "messages"),
+                                  ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens"),
+                                  ("/detokenize", {"tokens": [1, 100]}, "tokens"),
+                                  ("/detokenize", {"tokens": "1 2"}, "tokens"), ("/detokenize", {}, "tokens")]:
+            r = await c.post(path, json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, body, r.text)
+            assert r.json()["error"]["message"].startswith(field)
+    asyncio.run(main())
+
+
+def test_generate_logprobs_carry_the_token_string_renderers_checks(build):
+    async def main():
+        _, _, c = await build()
+        r = await c.post("/inference/v1/generate", json={"model": "m", "token_ids": [4, 5], "cache_salt": "v0",
+                                                         "sampling_params": {"max_tokens": 3, "logprobs": 1,
+                                                                             "skip_special_tokens": False}})
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        assert [e["token"] for e in ch["logprobs"]["content"]] == [f"token_id:{t}" for t in ch["token_ids"]]
+        assert [e["token_id"] for e in ch["logprobs"]["content"]] == ch["token_ids"]       # vLLM 0.32's field too
+    asyncio.run(main())
+
+
+def test_collective_rpc_serves_skyrls_weight_update_methods(build):
+    """SkyRL's broadcast sync: skyrl_start_weight_update, update_weights_nccl {update_info}, skyrl_finish_weight_update
+    are vLLM's start / update / finish; any other method is a 501 naming the served ones; admin token required."""
+    async def main():
+        pool, _, c = await build(transfer=True)
+        assert (await c.post("/init_weight_transfer_engine", json={"init_info": INIT})).status_code == 200
+
+        async def rpc(method, **kwargs):
+            return await c.post("/collective_rpc", json={"method": method, "kwargs": kwargs})
+        r = await rpc("update_weights_ipc", update_info=INFO)
+        assert r.status_code == 501 and r.json()["error"]["param"] == "method"
+        assert "skyrl_start_weight_update" in r.json()["error"]["message"] and pool.policy_version == 0
+        assert (await c.post("/collective_rpc", json={})).status_code == 400
+        r = await rpc("update_weights_nccl", update_info=INFO)          # not started: vLLM's order, 409
+        assert r.status_code == 409 and "/start_weight_update" in r.json()["error"]["message"]
+        r = await rpc("skyrl_start_weight_update", is_checkpoint_format=True)
+        assert r.status_code == 200 and r.json() == {"results": [{"message": "Weight update started"}]}
+        r = await rpc("update_weights_nccl")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "kwargs.update_info"
+        r = await rpc("update_weights_nccl", update_info=INFO | {"packed": True})
+        assert r.status_code == 200 and r.json()["results"][0]["version"] == 1, r.text
+        assert pool.policy_version == 1 and pool.engines[0].weights["a.weight"].sum() == 24
+        r = await rpc("skyrl_finish_weight_update")
+        assert r.status_code == 200 and r.json()["results"][0]["weight_version"] == "1"
+        assert (await rpc("skyrl_finish_weight_update")).status_code == 409           # none open
+    asyncio.run(main())
+
+
+def test_collective_rpc_needs_the_admin_token(build):
+    async def main():
+        _, _, c = await build(creds=Credentials(TOKEN, ADMIN))
+        r = await c.post("/collective_rpc", json={"method": "skyrl_finish_weight_update"},
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 403
+        r = await c.post("/tokenize", json={"prompt": "a"}, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200
+    asyncio.run(main())
+
+
+def test_update_info_packing_fields_must_agree_with_the_group(build):
+    """OpenPipe ART sends packed_buffer_size_bytes and packed_num_buffers inside update_info (vLLM's earlier
+    shape): accepted when they match the group's chunk size, a 400 naming the field otherwise (nothing changed)."""
+    async def main():
+        pool, _, c = await build(transfer=True)
+        init = INIT | {"packed_buffer_size_bytes": 1 << 20}
+        assert (await c.post("/init_weight_transfer_engine", json={"init_info": init})).status_code == 200
+        assert (await c.post("/start_weight_update", json={"is_checkpoint_format": True})).status_code == 200
+        for bad, field in [({"packed_buffer_size_bytes": 1 << 30}, "update_info.packed_buffer_size_bytes"),
+                           ({"packed_num_buffers": 0}, "update_info.packed_num_buffers")]:
+            r = await c.post("/update_weights", json={"update_info": INFO | bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert pool.policy_version == 0
+        r = await c.post("/update_weights", json={"update_info": INFO | {
+            "packed": True, "packed_buffer_size_bytes": 1 << 20, "packed_num_buffers": 2}})
+        assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    asyncio.run(main())
