@@ -262,6 +262,10 @@ class Field(msgspec.Struct, frozen=True):
 
 
 def fields(struct: type = None, prefix: str = "") -> Iterator[Field]:
+    return_tokens_as_token_ids: option(bool, "vLLM's --return-tokens-as-token-ids: the vLLM dialect's log-prob "
+                                             "tokens read `token_id:N` unless a request sets "
+                                             "return_tokens_as_token_ids (OpenPipe ART reads token ids so)",
+                                       "--return-tokens-as-token-ids") = False
     """Every leaf field of ServerConfig (or `struct`), depth first in declaration order."""
     for f in msgspec.inspect.type_info(struct or ServerConfig).fields:
         path = prefix + f.name

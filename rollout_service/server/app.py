@@ -142,7 +142,7 @@ class RolloutServer:
             import ssl as _ssl
 
             ssl.update(ssl_ca_certs=sec.tls_client_ca, ssl_cert_reqs=_ssl.CERT_REQUIRED)
-        app = build_http_app(self.servicer, self.creds, cfg.sessions.key_from)
+        app = build_http_app(self.servicer, self.creds, cfg.sessions.key_from, cfg.return_tokens_as_token_ids)
         self.http = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.http_port, log_level="warning",
                                                   lifespan="off", **ssl))
         self._stop = asyncio.Event()

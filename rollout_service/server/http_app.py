@@ -47,10 +47,11 @@ def status(request: Request) -> dict:
                          always_print_fields_with_no_presence=True)
 
 
-def build_http_app(servicer, creds=None, session_key_from=None) -> FastAPI:
+def build_http_app(servicer, creds=None, session_key_from=None, tokens_as_ids: bool = False) -> FastAPI:
     """creds: server.auth.Credentials; with them every path but the probes' (/healthz, /health; /readyz, which
     without a token answers only ready / not ready) needs a bearer token. session_key_from: where the dialects read
-    a request's session key (config.SessionConfig.key_from; None: its default)."""
+    a request's session key (config.SessionConfig.key_from; None: its default). tokens_as_ids: the vLLM dialect's
+    default for return_tokens_as_token_ids (config.ServerConfig.return_tokens_as_token_ids)."""
     app = FastAPI(title="rollout-service", docs_url=None, redoc_url=None)
     app.state.servicer = servicer
     app.state.creds = creds
@@ -63,7 +64,8 @@ def build_http_app(servicer, creds=None, session_key_from=None) -> FastAPI:
     from rollout_service.server.compat.gateway import Gateway
     from rollout_service.server.compat import sglang_api, vllm_api, vllm_extras
 
-    app.state.gateway = Gateway(servicer.service, session_key_from)   # the service layer, as gRPC calls it
+    # the service layer, as gRPC calls it
+    app.state.gateway = Gateway(servicer.service, session_key_from, tokens_as_ids)
     app.include_router(vllm_api.router)
     app.include_router(vllm_extras.router)
     app.include_router(sglang_api.router)

@@ -106,3 +106,21 @@ def test_update_info_packing_fields_must_agree_with_the_group(build):
             "packed": True, "packed_buffer_size_bytes": 1 << 20, "packed_num_buffers": 2}})
         assert r.status_code == 200 and r.json()["version"] == 1, r.text
     asyncio.run(main())
+
+
+def test_return_tokens_as_token_ids_server_default(build):
+    """serve --return-tokens-as-token-ids (vLLM's flag; OpenPipe ART's engines run with it): chat log-prob tokens
+    read token_id:N unless the request says otherwise."""
+    async def main():
+        _, _, c = await build()
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True}
+        r = (await c.post("/v1/chat/completions", json=body)).json()["choices"][0]
+        assert [e["token"] for e in r["logprobs"]["content"]] == [f"w{t}" for t in r["token_ids"]]   # the default
+        c._transport.app.state.gateway.tokens_as_ids = True
+        r = (await c.post("/v1/chat/completions", json=body)).json()["choices"][0]
+        assert [e["token"] for e in r["logprobs"]["content"]] == [f"token_id:{t}" for t in r["token_ids"]]
+        r = (await c.post("/v1/chat/completions", json=body | {"return_tokens_as_token_ids": False})).json()
+        assert r["choices"][0]["logprobs"]["content"][0]["token"].startswith("w")
+        r = (await c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "logprobs": 0})).json()
+        assert r["choices"][0]["logprobs"]["tokens"][0].startswith("token_id:")
+    asyncio.run(main())

@@ -78,10 +78,11 @@ class Gateway:
     """The service layer's data and control plane (server/service.py, what the gRPC servicer calls too), called from
     HTTP handlers."""
 
-    def __init__(self, service: RolloutService, session_key_from=None):
+    def __init__(self, service: RolloutService, session_key_from=None, tokens_as_ids: bool = False):
         from rollout_service.config import SESSION_KEY_FROM
 
         self.service = service
+        self.tokens_as_ids = tokens_as_ids          # the vLLM dialect's default for return_tokens_as_token_ids
         self.session_key_from = list(SESSION_KEY_FROM if session_key_from is None else session_key_from)
         self.pool = service.pool
         self.vllm_transfer = VllmWeightTransfer(service)   # vLLM's weight-transfer endpoints' state

@@ -359,11 +359,13 @@ async def _serve(request: Request, parse, spelling) -> Response:
     req, opts = parse(body)
     gw = gateway(request)
     req.session_id = gw.session_key(request, body)
-    return await _answer(request, gw, req, opts, spelling)
+    return await _answer(request, gw, req, opts, spelling, body)
 
 
-async def _answer(request: Request, gw, req, opts, spelling) -> Response:
+async def _answer(request: Request, gw, req, opts, spelling, body: dict) -> Response:
     """A parsed request's samples: as server-sent events when it asked to stream, else one JSON body."""
+    if body.get("return_tokens_as_token_ids") is None:      # the server's default (--return-tokens-as-token-ids)
+        opts.tokens_as_ids = gw.tokens_as_ids
     if opts.stream:
         return await _stream(gw, req, opts, spelling)
     return await until_disconnect(request, _collect(gw, req, opts, spelling))
@@ -408,7 +410,7 @@ async def chat_completions(request: Request):
         req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
     req.prompts.append(pb.Prompt(token_ids=ids))
     req.session_id = gw.session_key(request, body)
-    return await _answer(request, gw, req, opts, CHAT_SPELLING)
+    return await _answer(request, gw, req, opts, CHAT_SPELLING, body)
 
 
 @router.post("/inference/v1/generate")
