@@ -220,6 +220,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                                   "top_logprobs, the dialects' logprobs / top_logprobs / top_logprobs_num; "
                                   "INVALID_ARGUMENT naming the field above it)", "--max-top-logprobs",
                              ge=0) = 20
+    return_tokens_as_token_ids: option(bool, "vLLM's --return-tokens-as-token-ids: the vLLM dialect's log-prob "
+                                             "tokens read `token_id:N` unless a request sets "
+                                             "return_tokens_as_token_ids (OpenPipe ART reads token ids so)",
+                                       "--return-tokens-as-token-ids") = False
     max_streams_per_client: option(int, "concurrent Generate streams per client (per token, else per peer "
                                         "address; RESOURCE_EXHAUSTED naming it)", "--max-streams-per-client",
                                    ge=1) = 64
@@ -262,10 +266,6 @@ class Field(msgspec.Struct, frozen=True):
 
 
 def fields(struct: type = None, prefix: str = "") -> Iterator[Field]:
-    return_tokens_as_token_ids: option(bool, "vLLM's --return-tokens-as-token-ids: the vLLM dialect's log-prob "
-                                             "tokens read `token_id:N` unless a request sets "
-                                             "return_tokens_as_token_ids (OpenPipe ART reads token ids so)",
-                                       "--return-tokens-as-token-ids") = False
     """Every leaf field of ServerConfig (or `struct`), depth first in declaration order."""
     for f in msgspec.inspect.type_info(struct or ServerConfig).fields:
         path = prefix + f.name
