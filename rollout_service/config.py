@@ -89,6 +89,30 @@ def k_mode(sp: SpeculationConfig) -> str:
     return "schedule" if sp.k_by_batch_size else sp.k_control
 
 
+LORA_RANKS = (8, 16, 32, 64, 128, 256)      # vLLM's max_lora_rank choices this service offers
+
+
+class LoraConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """LoRA adapters served as policies (GenerateRequest.policy; pool/adapters.py)."""
+
+    max_adapters: option(int, "LoRA adapters (names) served at once; 0: none (vLLM's LoRA layers off: no cost "
+                              "to the base policy). A push of one more is RESOURCE_EXHAUSTED", "--max-adapters",
+                         ge=0) = 0
+    max_rank: option(int, "largest LoRA rank accepted (vLLM's max_lora_rank: every engine sizes its LoRA buffers by "
+                          "it); one of " + ", ".join(map(str, LORA_RANKS)), "--max-lora-rank") = 16
+    max_adapter_mb: option(float, "largest adapter accepted, in MiB of tensor data", "--max-adapter-mb",
+                           gt=0) = 256.0
+    versions_kept: option(int, "versions of each adapter kept loaded on every engine (the latest and the ones "
+                               "before it): a request may name any of them; samples in flight on an older one "
+                               "finish on it before it is unloaded", "--adapter-versions-kept", ge=1) = 2
+    max_loras_per_batch: option(int, "distinct adapter versions one engine step batches together (vLLM's "
+                                     "max_loras; requests of more wait for the next steps)",
+                                "--max-loras-per-batch", shown="0 = max_adapters", ge=0) = 0
+
+    def per_batch(self) -> int:
+        return self.max_loras_per_batch or self.max_adapters
+
+
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How each vLLM engine is built."""
 
@@ -134,6 +158,17 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "(vLLM's capture; GenerateRequest.return_routed_experts returns them); `off` saves the capture (requests "
         "asking for routes then get FAILED_PRECONDITION)", "--routed-experts") = "auto"
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
+
+
+class TenantConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One tenant: a token scoped to its own adapters, with an admission quota (security.tenants)."""
+
+    name: str
+    token_file: str = ""             # file holding its bearer token (or token_env)
+    token_env: str = ""              # environment variable holding it
+    policies: list[str] = []         # adapter names it may sample and push; a trailing '*' matches a prefix
+    max_sequences: int = 0           # its sequences admitted at once (0: max_queue)
 
 
 class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -160,6 +195,13 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "--weight-transfer-host", metavar="HOST",
         shown="`[]` = `caller` (a loopback caller: any loopback address)",
     ) = msgspec.field(default_factory=list)
+    tenants: option(
+        list[TenantConfig], "tenants sharing the pool (config file only): each `{name, token_file or token_env, "
+                            "policies, max_sequences}`; a tenant's token samples and pushes only the adapters its "
+                            "`policies` name (a trailing `*` matches a prefix), never the base policy, with at most "
+                            "`max_sequences` admitted at once; an engine's slots go to tenants in turn (the fair "
+                            "scheduler, pool/fair.py)",
+        shown="`[]` = none") = msgspec.field(default_factory=list)
 
 
 class RayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -386,6 +428,18 @@ def _check(cfg: ServerConfig) -> None:
         (not sp.k_by_batch_size or sp.method != "none",
          "engine.speculation.k_by_batch_size needs a speculation method"),
     ]
+    lora = cfg.engine.lora
+    rules.append((lora.max_rank in LORA_RANKS,
+                  f"engine.lora.max_rank must be one of {', '.join(map(str, LORA_RANKS))}"))
+    names = [t.name for t in sec.tenants]
+    rules += [(len(set(names)) == len(names), "security.tenants: tenant names must be unique"),
+              *((bool(t.name) and bool(t.token_file) != bool(t.token_env),
+                 f"security.tenants[{i}]: needs a name and exactly one of token_file or token_env")
+                for i, t in enumerate(sec.tenants)),
+              *((t.max_sequences >= 0, f"security.tenants[{i}].max_sequences must be >= 0")
+                for i, t in enumerate(sec.tenants)),
+              (not sec.tenants or (sec.token_file or os.environ.get("ROLLOUT_ADMIN_TOKEN") or sec.admin_token_file),
+               "security.tenants need the admin and client tokens too (security.token_file, admin_token_file)")]
     rules += _k_schedule_rules(sp.k_by_batch_size, sp.num_speculative_tokens)
     for ok, msg in rules:
         if not ok:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 IN_FLIGHT_MODES = ("abort", "wait", "keep")   # PushHeader.in_flight: what in-flight requests do at a commit
 DEFAULT_IN_FLIGHT = "wait"                    # IN_FLIGHT_UNSPECIFIED
-TARGETS = ("policy", "drafter")               # PushHeader.target: which weights a push replaces
+TARGETS = ("policy", "drafter", "adapter")    # PushHeader.target: which weights a push replaces (adapter: LoRA)
 DEFAULT_TARGET = "policy"                     # TARGET_UNSPECIFIED
 FINISH_REASONS = ("stop", "length", "abort")  # Sample.finish_reason
 

@@ -34,6 +34,8 @@ class FakeEngine(Engine):
         self.fail_starts = 0              # fail the next N start calls
         self.aborting = False             # pause("abort"): running sequences end now, with finish "abort"
         self.cache: list[list[int]] = []  # sequences computed since start (prompt + output): a prefix cache
+        self.adapters: dict[int, str] = {}   # LoRA id -> name (add_adapter)
+        self.fail_adapter = 0             # fail the next N add_adapter calls
 
     def kill(self) -> None:
         """Simulate the engine process dying: pending and new generate calls raise, alive() is False."""
@@ -51,6 +53,7 @@ class FakeEngine(Engine):
             self.fail_starts -= 1
             raise RuntimeError("injected start failure")
         self.weights = {}                 # a (re)started engine holds the checkpoint only
+        self.adapters = {}                # and no adapter
         self.cache = []                   # and an empty prefix cache
         self.dead = False
         self.state = EngineState.READY
@@ -62,6 +65,8 @@ class FakeEngine(Engine):
             raise RuntimeError("engine process died")
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise RuntimeError("injected engine failure")
+        if req.lora_id and req.lora_id not in self.adapters:
+            raise RuntimeError(f"adapter {req.lora_name} (LoRA {req.lora_id}) is not loaded on {self.id}")
         rng = random.Random(req.seed if req.seed is not None else random.random())
         self.active.add(req.seq_id)
         tokens: list[int] = []
@@ -158,6 +163,17 @@ class FakeEngine(Engine):
     async def discard_weights(self) -> None:
         self.events.append(("discard",))
         self.prepared = None
+
+    async def add_adapter(self, name: str, lora_id: int, path: str) -> None:
+        self.events.append(("add_adapter", name, lora_id))
+        if self.fail_adapter:
+            self.fail_adapter -= 1
+            raise RuntimeError("injected adapter load failure")
+        self.adapters[lora_id] = name
+
+    async def remove_adapter(self, lora_id: int) -> None:
+        self.events.append(("remove_adapter", lora_id))
+        self.adapters.pop(lora_id, None)
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         self.policy_version, self.draft_version = policy_version, draft_version

@@ -7,7 +7,7 @@ import grpc
 
 from rollout_client.connection import Auth, open_channel
 from rollout_client.types import PushResult, Sample, build_request
-from rollout_client.weights import push_stream
+from rollout_client.weights import peft_adapter, push_stream
 from rollout_client.wire import MODES, TARGETS
 from rollout_client.api import pb, pb_grpc
 
@@ -84,6 +84,28 @@ class RolloutClient:
                                     target=TARGETS["drafter" if target == "drafter" else "policy"])
         return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))
 
+    def push_adapter(self, name: str, adapter, version: int, *, config=None, dtype=None,
+                     chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+        """Push a LoRA adapter as version `version` of policy `name` (Generate(policy=name) samples it). adapter: a
+        PEFT model (its adapter's tensors and config are sent, never the base weights), or a name->tensor dict in
+        PEFT's naming with `config` (PEFT's adapter_config as a dict or JSON text). Needs the admin token or a
+        tenant token whose policies include `name`."""
+        tensors, text = adapter_payload(adapter, config)
+        stream = push_stream(tensors, version, target=TARGETS["adapter"], dtype=dtype, chunk_bytes=chunk_bytes,
+                             adapter=name, adapter_config=text)
+        return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin()))
+
+    def load_adapter(self, name: str, path: str, version: int, *, timeout: float | None = None) -> PushResult:
+        """Have the server load a PEFT adapter directory (below one of its --weights-root) as version `version` of
+        policy `name`."""
+        req = pb.LoadWeightsRequest(version=version, path=path, target=TARGETS["adapter"], adapter=name)
+        return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))
+
+    def unload_adapter(self, name: str, timeout: float | None = None) -> pb.AdapterStatus:
+        """Stop serving adapter `name` (its samples in flight finish first)."""
+        return self.stub.UnloadAdapter(pb.UnloadAdapterRequest(name=name), timeout=timeout,
+                                       metadata=self.auth.admin())
+
     def close(self) -> None:
         self.channel.close()
 
@@ -156,6 +178,22 @@ class AsyncRolloutClient:
         reply = await self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
 
+    async def push_adapter(self, name: str, adapter, version: int, *, config=None, dtype=None,
+                           chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+        tensors, text = adapter_payload(adapter, config)
+        stream = push_stream(tensors, version, target=TARGETS["adapter"], dtype=dtype, chunk_bytes=chunk_bytes,
+                             adapter=name, adapter_config=text)
+        return PushResult.from_proto(await self.stub.PushWeights(stream, timeout=timeout,
+                                                                 metadata=self.auth.admin()))
+
+    async def load_adapter(self, name: str, path: str, version: int, *, timeout: float | None = None) -> PushResult:
+        req = pb.LoadWeightsRequest(version=version, path=path, target=TARGETS["adapter"], adapter=name)
+        return PushResult.from_proto(await self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))
+
+    async def unload_adapter(self, name: str, timeout: float | None = None) -> pb.AdapterStatus:
+        return await self.stub.UnloadAdapter(pb.UnloadAdapterRequest(name=name), timeout=timeout,
+                                             metadata=self.auth.admin())
+
     async def close(self) -> None:
         await self.channel.close()
 
@@ -164,3 +202,16 @@ class AsyncRolloutClient:
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+
+def adapter_payload(adapter, config=None) -> tuple[dict, str]:
+    """(tensors, adapter_config.json text) of a PEFT model, or of a PEFT-named tensor dict and its `config` (a dict
+    or JSON text)."""
+    import json
+
+    if hasattr(adapter, "peft_config"):
+        return peft_adapter(adapter)
+    if config is None:
+        raise ValueError("config: PEFT's adapter_config (a dict or JSON text) is needed with a tensor dict")
+    return dict(adapter), config if isinstance(config, str) else json.dumps(config, default=str)

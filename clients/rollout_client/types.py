@@ -33,6 +33,7 @@ class Sample:
     delta_start: int = 0             # in a delta: the index of token_ids[0] in the whole sample
     num_cached_tokens: int = 0       # prompt tokens the engine found in its prefix cache (session_id: earlier turns)
     routed_experts: "RoutedExperts | None" = field(default=None)   # return_routed_experts: an MoE policy's routes
+    policy: str = ""                 # the LoRA adapter that generated it ("" for the base policy)
 
     @classmethod
     def from_proto(cls, m: pb.Sample) -> "Sample":
@@ -51,6 +52,7 @@ class Sample:
             top_logprobs=np.asarray(m.top_logprobs, dtype=np.float32).reshape(n, k) if k else None,
             delta=m.delta, delta_start=m.delta_start, num_cached_tokens=m.num_cached_tokens,
             routed_experts=RoutedExperts.from_proto(m.routed_experts) if m.HasField("routed_experts") else None,
+            policy=m.policy,
         )
 
 
@@ -84,7 +86,8 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
                   min_policy_version: int = 0, return_text: bool = False,
                   chat: bool = False, top_logprobs: int = 0, stream_tokens: bool = False,
                   return_partial: bool = False, partials=None, session_id: str = "",
-                  return_routed_experts: bool = False) -> pb.GenerateRequest:
+                  return_routed_experts: bool = False, policy: str = "",
+                  policy_version: int = 0) -> pb.GenerateRequest:
     """prompts: a list whose items are token-id sequences (list/array of ints) or strings. top_logprobs: k most
     likely tokens per position (Sample.top_token_ids / top_logprobs). stream_tokens: also yield each sample's new
     tokens as they are produced (Sample.delta), before the whole sample. return_partial: a sample aborted by a
@@ -93,7 +96,8 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
     sample of that prompt comes back as one sample, the partial's tokens first; max_tokens bounds both parts.
     session_id: a conversation's key; its requests go to the engine that holds its earlier turns in cache.
     return_routed_experts: every sample carries Sample.routed_experts (a mixture-of-experts policy's routes, for
-    routing replay in the trainer); a partial sample's routes are sent back with it and joined."""
+    routing replay in the trainer); a partial sample's routes are sent back with it and joined. policy: a LoRA
+    adapter's name to sample ("" for the base policy), policy_version: one of its loaded versions (0: the latest)."""
     if partials is not None and len(partials) != len(prompts):
         raise ValueError(f"partials: one per prompt (None for a fresh one); got {len(partials)} for "
                          f"{len(prompts)} prompts")
@@ -113,7 +117,8 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
     return pb.GenerateRequest(request_id=request_id, prompts=items, n=n, sampling=sp,
                               min_policy_version=min_policy_version, return_text=return_text,
                               top_logprobs=top_logprobs, stream_tokens=stream_tokens, return_partial=return_partial,
-                              session_id=session_id, return_routed_experts=return_routed_experts)
+                              session_id=session_id, return_routed_experts=return_routed_experts, policy=policy,
+                              policy_version=policy_version)
 
 
 def partial_to_proto(s) -> pb.PartialSample:
@@ -125,7 +130,8 @@ def partial_to_proto(s) -> pb.PartialSample:
         version_spans=[pb.VersionSpan(policy_version=int(v), first_token=int(t)) for v, t in s.version_spans],
         top_token_ids=[] if top_ids is None else np.asarray(top_ids, dtype=np.int64).ravel().tolist(),
         top_logprobs=[] if top_lps is None else np.asarray(top_lps, dtype=np.float32).ravel().tolist(),
-        routed_experts=s.routed_experts.to_proto() if getattr(s, "routed_experts", None) is not None else None)
+        routed_experts=s.routed_experts.to_proto() if getattr(s, "routed_experts", None) is not None else None,
+        policy=getattr(s, "policy", ""))
 
 
 @dataclass(frozen=True)

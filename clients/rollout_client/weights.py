@@ -29,6 +29,19 @@ def state_tensors(weights) -> list[tuple[str, object]]:
     return out
 
 
+def peft_adapter(model, adapter_name: str = "default") -> tuple[dict, str]:
+    """(tensors, adapter_config.json text) of a PEFT model's LoRA adapter, as PEFT's save_pretrained writes them:
+    only the adapter's tensors (base_model.model.<module>.lora_A.weight, ...), never the base weights."""
+    import json
+
+    from peft import get_peft_model_state_dict
+
+    config = model.peft_config[adapter_name].to_dict()
+    text = json.dumps({k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in config.items()},
+                      default=str)
+    return get_peft_model_state_dict(model, adapter_name=adapter_name), text
+
+
 def _bytes_of(t, dtype):
     import torch
 
@@ -39,7 +52,8 @@ def _bytes_of(t, dtype):
 
 
 def push_stream(weights, version: int, *, target: int, mode: str = "wait", partial: bool = False,
-                dtype=None, chunk_bytes: int = 4 << 20, checksum: str = "trailer") -> Iterator[pb.PushRequest]:
+                dtype=None, chunk_bytes: int = 4 << 20, checksum: str = "trailer", adapter: str = "",
+                adapter_config: str = "") -> Iterator[pb.PushRequest]:
     """checksum="trailer" (default) hashes the chunks as they are sent and ends the stream with a
     PushTrailer: the tensors are read once. "header" hashes everything first (a second pass over the
     tensors before the first byte goes out) and puts the sha256 in the header."""
@@ -57,7 +71,8 @@ def push_stream(weights, version: int, *, target: int, mode: str = "wait", parti
         total += t.numel() * (dtype or t.dtype).itemsize
     yield pb.PushRequest(header=pb.PushHeader(version=version, target=target, total_bytes=total,
                                               sha256=h.hexdigest() if checksum == "header" else "",
-                                              in_flight=MODES[mode], partial=partial))
+                                              in_flight=MODES[mode], partial=partial, adapter=adapter,
+                                              adapter_config=adapter_config))
     for name, t in tensors:                    # the data
         t, mv = _bytes_of(t, dtype)
         dname, shape = DTYPE_NAMES[str(t.dtype)], list(t.shape)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rollout_client.api import pb
 
 MODES = {m: pb.InFlightMode.Value(f"IN_FLIGHT_{m.upper()}") for m in ("abort", "wait", "keep")}
-TARGETS = {t: pb.WeightTarget.Value(f"TARGET_{t.upper()}") for t in ("policy", "drafter")}
+TARGETS = {t: pb.WeightTarget.Value(f"TARGET_{t.upper()}") for t in ("policy", "drafter", "adapter")}
 TARGET_NAMES = {v: t for t, v in TARGETS.items()}
 FINISH_REASONS = {pb.FinishReason.Value(f"FINISH_REASON_{r.upper()}"): r for r in ("stop", "length", "abort")}
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}   # torch -> wire

@@ -117,6 +117,15 @@ class Engine(abc.ABC):
     async def discard_weights(self) -> None:
         """Drop prepared weights, if any."""
 
+    async def add_adapter(self, name: str, lora_id: int, path: str) -> None:
+        """Load a LoRA adapter (a PEFT directory at `path`) as vLLM LoRA `lora_id` named `name`, while generating;
+        raises when the engine cannot (an adapter it refuses, LoRA off)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no LoRA adapters")
+
+    async def remove_adapter(self, lora_id: int) -> None:
+        """Unload LoRA `lora_id` (no sequence runs on it any more)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no LoRA adapters")
+
     @abc.abstractmethod
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         """Label what the engine now serves; samples carry these from the next step on."""

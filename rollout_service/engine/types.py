@@ -25,6 +25,12 @@ class SeqRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream: bool = False             # report new tokens per engine step (Engine.generate's on_delta)
     return_routed_experts: bool = False   # routing replay: the result carries Routes (an MoE policy)
     routes_from: int = 0             # the first row returned (rows before it: the continued partial's own)
+    # a LoRA adapter policy (GenerateRequest.policy): vLLM's LoRARequest (name, id, PEFT directory) and the
+    # adapter version the sample reports; lora_id 0: the base policy
+    lora_name: str = ""
+    lora_id: int = 0
+    lora_path: str = ""
+    adapter_version: int = 0
 
 
 class Routes(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -87,6 +87,10 @@ class VllmEngine(Engine):
                          max_num_batched_tokens=max(self.cfg.max_model_len, 2048))
         if self.captures_routes:           # routing replay: vLLM's capture (engine/routed_experts.py on the V1 runner)
             extra.update(enable_return_routed_experts=True)
+        lora = self.cfg.lora
+        if lora.max_adapters:          # LoRA adapters as policies: every loaded version fits the worker's cache
+            extra.update(enable_lora=True, max_lora_rank=lora.max_rank, max_loras=lora.per_batch(),
+                         max_cpu_loras=max(lora.per_batch(), lora.max_adapters * (lora.versions_kept + 1)))
         spec = speculative_config(self.cfg.speculation)
         if spec is not None:
             extra.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
@@ -165,9 +169,15 @@ class VllmEngine(Engine):
         stream = req.stream and on_delta is not None
         parts = _Parts() if req.stream else None
         rows = _RowStream(req) if stream and req.return_routed_experts else None
+        lora = None
+        if req.lora_id:
+            from vllm.lora.request import LoRARequest
+
+            lora = LoRARequest(req.lora_name, req.lora_id, req.lora_path)
         try:
             async for out in llm.generate(
-                {"prompt_token_ids": req.prompt_token_ids}, self._sampling_params(req), req.seq_id
+                {"prompt_token_ids": req.prompt_token_ids}, self._sampling_params(req), req.seq_id,
+                lora_request=lora,
             ):
                 if parts is None:
                     final = out
@@ -242,6 +252,17 @@ class VllmEngine(Engine):
     async def resume(self) -> None:
         await self.llm.resume_generation()
         self.state = EngineState.READY
+
+    async def add_adapter(self, name: str, lora_id: int, path: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.cfg.lora.max_adapters:
+            raise RuntimeError(f"{self.id} was started without LoRA (engine.lora.max_adapters 0)")
+        if not await self.llm.add_lora(LoRARequest(name, lora_id, path)):
+            raise RuntimeError(f"{self.id}: vLLM did not load adapter {name}")
+
+    async def remove_adapter(self, lora_id: int) -> None:
+        await self.llm.remove_lora(lora_id)
 
     async def load_weights(self, path: str, target: str) -> None:
         await self.llm.collective_rpc("rollout_load_weights", args=(path, target))

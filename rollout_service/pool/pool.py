@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from pathlib import Path
 
 import grpc
+import msgspec
 
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.engine.types import SeqRequest
+from rollout_service.config import LoraConfig
 from rollout_service.errors import ServiceError, refused_by_engine, unavailable
+from rollout_service.pool.adapters import AdapterRegistry, AdapterVersion
 from rollout_service.pool.committed import CommittedWeights
 from rollout_service.pool.partial import Partial
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
@@ -29,11 +33,11 @@ log = logging.getLogger(__name__)
 class EnginePool:
     def __init__(self, engines: list[Engine], *, max_queue: int, idempotency_ttl_s: float = 600.0,
                  checkpoints: dict[str, str | Path | None] | None = None, max_sessions: int = 100_000,
-                 session_max_imbalance: int = 32, state_dir: str | Path = ""):
+                 session_max_imbalance: int = 32, state_dir: str | Path = "", lora: LoraConfig | None = None):
         """checkpoints: target ("policy", "drafter") -> the model directory the engines start from (None or
         absent: the service has no such target, pushes to it are refused). max_sessions, session_max_imbalance:
         session routing (sessions.py; config.SessionConfig). state_dir: where commits survive a restart (empty:
-        they do not; committed.py)."""
+        they do not; committed.py). lora: the LoRA adapters it may serve (adapters.py; None: none)."""
         if not engines:
             raise ValueError("a pool needs at least one engine")
         self.engines = engines
@@ -53,11 +57,14 @@ class EnginePool:
         self.committed = CommittedWeights(checkpoints, Path(state_dir) if state_dir else scratch_root() / "committed",
                                           spare_dir=scratch_root(), durable=bool(state_dir))
         self.versions = self.committed.versions
+        # LoRA adapters served as policies: their versions loaded on every engine and the sequences on each
+        self.adapters = AdapterRegistry(lora or LoraConfig(), self.committed.state_dir / "adapters")
         # Held by every change to what is served (a commit) and to which engines serve (restart, join, leave),
         # so that an engine joins or leaves only between commits and catches up with all of them.
         self.push_lock = asyncio.Lock()
         self.held: str | None = None                     # an operator's pause (HTTP /pause): its in-flight mode
         self.telemetry.patches_of = self.patch_report
+        self._unloading: set[asyncio.Task] = set()
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -92,6 +99,8 @@ class EnginePool:
                     if f is not None:
                         await engine.load_weights(str(f), target)
                 await engine.set_versions(self.policy_version, self.draft_version)
+                for av in self.adapters.loaded():       # every adapter version the others hold
+                    await engine.add_adapter(av.vllm_name, av.lora_id, str(av.path))
                 engine.state = EngineState.READY
         finally:
             for f in files.values():
@@ -261,7 +270,9 @@ class EnginePool:
             self.load[engine.id] += len(group)
             for s, seq in enumerate(group):
                 self.depth += 1
-                slot = _Slot(engine.id)
+                slot = _Slot(engine.id, seq.lora_id)
+                if seq.lora_id:
+                    self.adapters.hold(seq.lora_id)       # its version stays loaded until the sequence ends
                 task = asyncio.create_task(self._run(rec, engine, p, s, seq, admitted, slot,
                                                      partials[p] if partials else None))
                 # also on completion: a task cancelled before it ever ran still releases its slot
@@ -290,13 +301,39 @@ class EnginePool:
         self.depth -= 1
         self.load[slot.engine_id] -= 1
         self.telemetry.m_queue.set(self.depth)
+        if slot.lora_id:
+            done = self.adapters.release(slot.lora_id)
+            if done is not None:                          # retired and nothing runs on it any more
+                task = asyncio.get_running_loop().create_task(self.unload_adapters([done]))
+                self._unloading.add(task)
+                task.add_done_callback(self._unloading.discard)
+
+    async def unload_adapters(self, versions: list[AdapterVersion]) -> None:
+        """Unload adapter versions nothing runs on any more from every engine, then delete their files. Under the
+        push lock (no engine joins or restarts meanwhile). An engine that fails to unload one keeps it loaded
+        (vLLM's LRU cache bounds what it holds); nothing is served from it again."""
+        async with self.push_lock:
+            for av in versions:
+                results = await asyncio.gather(*(e.remove_adapter(av.lora_id) for e in self.engines
+                                                 if e.state in (EngineState.READY, EngineState.PAUSED)),
+                                               return_exceptions=True)
+                for err in results:
+                    if isinstance(err, BaseException):
+                        log.warning("unloading adapter %s: %s", av.vllm_name, err)
+                self.adapters.forget(av)
+                await asyncio.to_thread(shutil.rmtree, av.path, True)
+                log.info("adapter %s version %d unloaded", av.name, av.version)
 
     async def _run(self, rec: RequestRecord, engine: Engine, p: int, s: int, seq: SeqRequest,
                    admitted: float, slot: "_Slot", partial: Partial | None = None) -> None:
+        def on_delta(d):
+            if seq.lora_id:                    # an adapter sample runs on one adapter version throughout
+                d = msgspec.structs.replace(d, version_spans=[(seq.adapter_version, d.start)])
+            rec.add_delta(p, s, partial.shifted(d) if partial else d)
+
         try:
             if seq.stream:
-                result = await engine.generate(
-                    seq, lambda d: rec.add_delta(p, s, partial.shifted(d) if partial else d))
+                result = await engine.generate(seq, on_delta)
             else:
                 result = await engine.generate(seq)
         except ServiceError as e:
@@ -320,10 +357,15 @@ class EnginePool:
                                          "committed new weights); retry the request"))
             return
         self.finished[engine.id] += 1
+        if seq.lora_id:
+            self.adapters.finished(seq.lora_id, len(result.token_ids), result.num_drafted, result.num_accepted)
         self.telemetry.sample_finished(len(result.token_ids), result.finish_reason, time.monotonic() - admitted,
                                        result.policy_version, result.draft_version,
                                        result.num_drafted, result.num_accepted, result.spec_steps,
                                        result.accepted_per_pos)
+        if seq.lora_id:                        # the adapter's version line, not the base policy's
+            result = msgspec.structs.replace(result, policy_version=seq.adapter_version,
+                                             version_spans=[(seq.adapter_version, 0)])
         rec.add(IndexedResult(p, s, partial.joined(result) if partial else result))
         if len(rec.results) == rec.expected:
             rec.finish()
@@ -349,8 +391,9 @@ class EnginePool:
 class _Slot:
     """One admitted sequence's place in the queue and on its engine; released exactly once."""
 
-    __slots__ = ("engine_id", "released")
+    __slots__ = ("engine_id", "released", "lora_id")
 
-    def __init__(self, engine_id: str):
+    def __init__(self, engine_id: str, lora_id: int = 0):
         self.engine_id = engine_id
         self.released = False
+        self.lora_id = lora_id

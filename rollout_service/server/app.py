@@ -98,7 +98,8 @@ class RolloutServer:
         self.pool = EnginePool(engines, max_queue=cfg.max_queue, idempotency_ttl_s=cfg.idempotency_ttl_s,
                                checkpoints={"policy": model.path, "drafter": drafter},
                                max_sessions=cfg.sessions.max_sessions,
-                               session_max_imbalance=cfg.sessions.max_imbalance, state_dir=cfg.state_dir)
+                               session_max_imbalance=cfg.sessions.max_imbalance, state_dir=cfg.state_dir,
+                               lora=cfg.engine.lora)
         self.weights = WeightService.create(self.pool, serving_dtype(cfg, model.path),
                                             weights_roots=weights_roots(cfg))
         self.creds = load_credentials(cfg.security, cfg.host)

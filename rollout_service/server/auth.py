@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 ADMIN_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in (
     "PushWeights", "UpdateDraft", "LoadWeights", "ScaleEngines", "InitWeightTransfer", "TransferWeights",
-    "CloseWeightTransfer"))
+    "CloseWeightTransfer", "UnloadAdapter"))
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 # Probes send no token. Liveness (/healthz, the vLLM dialect's /health) is open whatever is sent; readiness (/readyz)
 # answers a caller without a token only "ready" or "not ready" (with a token: each engine's state; a wrong one: 401)
@@ -35,7 +35,8 @@ ADMIN_HTTP_PATHS = frozenset({
     "/pause_generation", "/continue_generation", "/abort_request", "/flush_cache", "/init_weight_transfer_engine",
     "/start_weight_update", "/finish_weight_update", "/start_draft_weight_update", "/shutdown_weight_transfer_engine",
     "/init_weights_update_group", "/update_weights_from_distributed", "/update_weights_from_tensor",
-    "/update_weights_from_ipc", "/destroy_weights_update_group", "/collective_rpc"})
+    "/update_weights_from_ipc", "/destroy_weights_update_group", "/collective_rpc", "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter", "/load_lora_adapter", "/unload_lora_adapter"})
 
 
 def _read_secret(path: str, env: str, what: str) -> str:

@@ -134,7 +134,25 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
                                  restored_draft_version=pool.committed.restored["drafter"]),
         moe=pb.MoeInfo(num_experts=moe.num_experts, top_k=moe.top_k, num_layers=moe.num_layers, capture=routes)
         if moe else None,
+        adapters=[adapter_to_proto(a) for _, a in sorted(pool.adapters.adapters.items()) if not a.unloading],
+        adapter_limits=adapter_limits_to_proto(pool.adapters.cfg) if pool.adapters.enabled else None,
     )
+
+
+def adapter_to_proto(a) -> pb.AdapterStatus:
+    """pool.adapters.Adapter -> AdapterStatus."""
+    latest = a.versions.get(a.latest)
+    return pb.AdapterStatus(
+        name=a.name, version=a.latest, loaded_versions=sorted(a.versions), rank=latest.rank if latest else 0,
+        num_bytes=latest.num_bytes if latest else 0, target_modules=latest.modules if latest else [],
+        running_sequences=a.running, samples_total=a.samples_total, tokens_total=a.tokens_total,
+        num_drafted=a.num_drafted, num_accepted=a.num_accepted, tenant=a.tenant)
+
+
+def adapter_limits_to_proto(cfg) -> pb.AdapterLimits:
+    return pb.AdapterLimits(max_adapters=cfg.max_adapters, max_rank=cfg.max_rank,
+                            max_bytes=int(cfg.max_adapter_mb * (1 << 20)), versions_kept=cfg.versions_kept,
+                            max_loras_per_batch=cfg.per_batch())
 
 
 def session_stats_to_proto(table) -> pb.SessionStats:
@@ -169,10 +187,12 @@ def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:
             raise invalid_field("header.target", "must be TARGET_DRAFTER (use PushWeights for the policy)", sep=" ",
                                 rpc="UpdateDraft")
         target = "drafter"
-    elif target != "policy":
-        raise invalid_field("header.target", "must be TARGET_POLICY (use UpdateDraft for the drafter)", sep=" ",
-                            rpc="PushWeights")
-    return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial)
+    elif target not in ("policy", "adapter"):
+        raise invalid_field("header.target", "must be TARGET_POLICY or TARGET_ADAPTER (use UpdateDraft for the "
+                            "drafter)", sep=" ", rpc="PushWeights")
+    if target != "adapter" and (h.adapter or h.adapter_config):
+        raise invalid_field("header.adapter", "is for TARGET_ADAPTER pushes only", sep=" ", rpc=rpc)
+    return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial, h.adapter, h.adapter_config)
 
 
 def group_to_proto(g) -> pb.WeightTransferGroup:

@@ -8,7 +8,7 @@ import grpc
 
 from rollout_service.api import pb, pb_grpc
 from rollout_service.config import SpeculationConfig, k_mode
-from rollout_service.errors import ServiceError, invalid
+from rollout_service.errors import ServiceError, invalid, invalid_field
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedDelta, RequestRecord
@@ -76,14 +76,18 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             async for item in record.read(deltas=request.stream_tokens):
                 p = item.prompt_index
                 if isinstance(item, IndexedDelta):
-                    yield delta_to_proto(item, len(checked.prompt_token_ids[p]))
+                    msg = delta_to_proto(item, len(checked.prompt_token_ids[p]))
+                    msg.policy = checked.policy
+                    yield msg
                     continue
                 send_prompt = p in checked.text_prompts and p not in sent_prompt
                 sent_prompt.add(p)
                 if request.return_text and checked.partials[p]:      # the engine decoded the new part only
                     item.result.text = await asyncio.get_running_loop().run_in_executor(
                         TOKENIZER, self.model.decode, item.result.token_ids)
-                yield sample_to_proto(item, checked.prompt_token_ids[p], send_prompt, request.return_text)
+                msg = sample_to_proto(item, checked.prompt_token_ids[p], send_prompt, request.return_text)
+                msg.policy = checked.policy
+                yield msg
         except ServiceError as e:
             code = e.code
             await context.abort(e.code, e.message)
@@ -178,8 +182,10 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     async def LoadWeights(self, request: pb.LoadWeightsRequest, context) -> pb.PushResult:
         try:
             target, mode = target_and_mode(request.target, request.in_flight, "LoadWeights: request")
+            if target != "adapter" and request.adapter:
+                raise invalid_field("adapter", "is for TARGET_ADAPTER loads only", sep=" ", rpc="LoadWeights")
             out = await self.weights.load(request.path, request.version, target, mode, request.partial,
-                                          timeout=context.time_remaining())
+                                          timeout=context.time_remaining(), adapter=request.adapter)
         except ServiceError as e:
             self.pool.telemetry.push_failed("path")
             await context.abort(e.code, e.message)
@@ -199,6 +205,10 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     async def TransferWeights(self, request: pb.TransferRequest, context):
         try:
             target, mode = target_and_mode(request.target, request.in_flight, "TransferWeights: request")
+            if target == "adapter":
+                raise ServiceError(grpc.StatusCode.UNIMPLEMENTED,
+                                   "TransferWeights carries the base policy and the drafter; push an adapter (a few "
+                                   "MB) with PushWeights or LoadWeights and TARGET_ADAPTER")
             async for item in self.transfer.push(request.version, target, mode, request.partial,
                                                  metas_from_proto(request.tensors), request.group_id):
                 if isinstance(item, tuple):
@@ -209,6 +219,13 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         except ServiceError as e:
             self.pool.telemetry.push_failed("transfer")
             await context.abort(e.code, e.message)
+
+    async def UnloadAdapter(self, request: pb.UnloadAdapterRequest, context) -> pb.AdapterStatus:
+        try:
+            adapter = await self.service.unload_adapter(request.name)
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return adapter
 
     async def CloseWeightTransfer(self, request: pb.CloseWeightTransferRequest, context) -> pb.WeightTransferGroup:
         try:

@@ -8,9 +8,10 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import msgspec
 
 from rollout_service.api import pb
-from rollout_service.errors import ServiceError
+from rollout_service.errors import ServiceError, about_field
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import RequestRecord
@@ -41,11 +42,48 @@ class RolloutService:
                 TOKENIZER, check_generate, request, self.model, self.limits)
         else:
             checked = check_generate(request, self.model, self.limits)
-        if request.min_policy_version > self.pool.policy_version:
-            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"min_policy_version={request.min_policy_version} but the service serves "
-                               f"policy version {self.pool.policy_version}; push newer weights first or "
-                               "lower min_policy_version")
+        if checked.policy:
+            self._on_adapter(checked, request.min_policy_version)
+        else:
+            if request.min_policy_version > self.pool.policy_version:
+                raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"min_policy_version={request.min_policy_version} but the service serves "
+                                   f"policy version {self.pool.policy_version}; push newer weights first or "
+                                   "lower min_policy_version")
+            if checked.policy_version and checked.policy_version != self.pool.policy_version:
+                raise about_field(grpc.StatusCode.FAILED_PRECONDITION, "policy_version",
+                                  f"{checked.policy_version} but the service serves base policy version "
+                                  f"{self.pool.policy_version} (only the serving version of the base policy can be "
+                                  "sampled); leave it 0", sep=" ")
         return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups,
                                          session=checked.session_id, partials=checked.partials,
                                          return_partial=checked.return_partial)
+
+    async def unload_adapter(self, name: str) -> pb.AdapterStatus:
+        """UnloadAdapter (and the vLLM dialect's /v1/unload_lora_adapter): no new request may name it; its versions
+        are unloaded from every engine once the sequences on them finished."""
+        from rollout_service.server.convert import adapter_to_proto
+
+        adapter, drop = self.pool.adapters.unload(name)
+        status = adapter_to_proto(adapter)
+        if drop:
+            await self.pool.unload_adapters(drop)
+        return status
+
+    def _on_adapter(self, checked: CheckedRequest, min_version: int) -> None:
+        """Put every sequence of a request naming an adapter on the adapter version it resolves to (admission:
+        NOT_FOUND / FAILED_PRECONDITION naming policy or policy_version)."""
+        registry = self.pool.adapters
+        if not registry.enabled:
+            raise about_field(grpc.StatusCode.FAILED_PRECONDITION, "policy",
+                              f"{checked.policy!r}: this server serves no LoRA adapters (engine.lora.max_adapters "
+                              "is 0); leave policy empty for the base policy, or restart it with --max-adapters N")
+        av = registry.resolve(checked.policy, checked.policy_version)
+        if min_version > av.version:
+            raise about_field(grpc.StatusCode.FAILED_PRECONDITION, "min_policy_version",
+                              f"{min_version} but adapter {checked.policy!r} serves version {av.version}; push a "
+                              "newer adapter first or lower min_policy_version", sep=" ")
+        for group in checked.groups:
+            for i, seq in enumerate(group):
+                group[i] = msgspec.structs.replace(seq, lora_name=av.vllm_name, lora_id=av.lora_id,
+                                                   lora_path=str(av.path), adapter_version=av.version)

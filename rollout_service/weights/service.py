@@ -11,9 +11,13 @@ from typing import AsyncIterator
 import grpc
 
 from rollout_service.errors import Name, ServiceError, invalid, invalid_field
+from rollout_service.scratch import recycle
+from rollout_service.weights.adapter_commit import AdapterCommitter
+from rollout_service.weights.adapters import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, AdapterSpec, check_size,
+                                              name_problem, parse_config)
 from rollout_service.weights.committer import WeightCommitter
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest
-from rollout_service.weights.paths import resolve_roots, weight_files
+from rollout_service.weights.paths import open_regular, resolve_roots, weight_files
 from rollout_service.weights.shield import run_to_end
 from rollout_service.scratch import scratch_root
 from rollout_service.weights.staging import Stager
@@ -37,16 +41,19 @@ class PushOutcome:
     pause_s: float
     total_s: float
     prepare_s: float
+    adapter: str = ""      # target "adapter": its name
 
 
 @dataclass
 class Header:
     version: int
-    target: str            # "policy" | "drafter"
+    target: str            # "policy" | "drafter" | "adapter"
     total_bytes: int
     sha256: str
     mode: str              # "abort" | "wait" | "keep"
     partial: bool
+    adapter: str = ""          # target "adapter": its name
+    adapter_config: str = ""   # target "adapter": PEFT's adapter_config.json
 
 
 @dataclass
@@ -75,6 +82,7 @@ class WeightService:
         self.committer = committer
         self.manifests = manifests
         self.roots = resolve_roots(weights_roots)     # LoadWeights reads only below these
+        self.adapters = AdapterCommitter(committer.pool)
 
     @classmethod
     def create(cls, pool, serving_dtype: str, *, weights_roots: list[str]) -> "WeightService":
@@ -90,11 +98,38 @@ class WeightService:
         if h.sha256:                    # empty: it comes in the trailer
             _check_sha256(h.sha256, "header")
 
-    async def push(self, header: Header, chunks: AsyncIterator[Chunk]) -> PushOutcome:
+    def adapter_spec(self, name: str, version: int, config: str | bytes, where: str, rpc: str = "") -> AdapterSpec:
+        """An adapter push's name, version and PEFT config checked against the served model and the limits."""
+        problem = name_problem(name)
+        if problem:
+            raise invalid_field(f"{where}adapter", problem, rpc=rpc)
+        if name == self.committer.pool.committed.checkpoints["policy"].name:
+            raise invalid_field(f"{where}adapter", f"{name!r} is the base model's name; name the adapter otherwise",
+                                rpc=rpc)
+        if version <= 0:
+            raise invalid_field(f"{where}version", f"must be > 0, got {version}", sep=" ", rpc=rpc)
+        registry = self.committer.pool.adapters
+        registry.check_push(name, version, where)
+        lora = registry.cfg
+        spec = parse_config(config, self.manifests["policy"], lora.max_rank, f"{where}adapter_config", rpc)
+        check_size(spec.num_bytes, lora.max_adapter_mb, f"{rpc or 'push'}: adapter {name!r}")
+        return spec
+
+    async def push(self, header: Header, chunks: AsyncIterator[Chunk], tenant: str = "") -> PushOutcome:
         t0 = time.perf_counter()
-        self._check_header(header)
+        spec = None
+        if header.target == "adapter":
+            if header.partial:
+                raise invalid_field("header.partial", "an adapter push carries the whole adapter; leave it false",
+                                    sep=" ")
+            spec = self.adapter_spec(header.adapter, header.version, header.adapter_config, "header.")
+            if header.sha256:
+                _check_sha256(header.sha256, "header")
+        else:
+            self._check_header(header)
+        manifest = spec.manifest if spec is not None else self.manifests[header.target]
         # cancelled while the file is made, the thread goes on and its file is given up when it is done
-        stager = await run_to_end(asyncio.to_thread(Stager, self.manifests[header.target], header.total_bytes,
+        stager = await run_to_end(asyncio.to_thread(Stager, manifest, header.total_bytes,
                                                     header.sha256, header.partial, scratch_root()),
                                   "staging start",
                                   orphaned=lambda st: asyncio.get_running_loop().run_in_executor(None, st.discard))
@@ -130,6 +165,15 @@ class WeightService:
             raise
         staged = await run_to_end(asyncio.to_thread(stager.finish), "staging write",
                                   orphaned=lambda st: st.discard())
+        if spec is not None:                 # moved into the adapter's directory, or recycled here if that failed
+            try:
+                res = await self.adapters.commit(header.adapter, header.version, spec, staged.path,
+                                                 staged.num_bytes, tenant, keep_file=False)
+            finally:
+                recycle(staged.path, self.committer.committed.spare_dir)
+            return PushOutcome(res.version, "adapter", len(staged.names), staged.num_bytes, False, staged.receive_s,
+                               staged.validate_s, res.apply_s, 0.0, time.perf_counter() - t0, 0.0,
+                               adapter=header.adapter)
         # The committer owns the staged file from here: it keeps it on success and recycles it otherwise.
         res = await self.committer.commit([staged.path], staged.names, header.version, header.target,
                                           header.mode, keep_files=False)
@@ -138,10 +182,13 @@ class WeightService:
                            res.prepare_s)
 
     async def load(self, path: str, version: int, target: str, mode: str, partial: bool,
-                   timeout: float | None = None) -> PushOutcome:
+                   timeout: float | None = None, adapter: str = "", tenant: str = "") -> PushOutcome:
         """LoadWeights: validate the files' headers against the model, then commit them in place.
-        timeout: the request's remaining deadline (s) for reading the files; None waits as long as the caller."""
+        timeout: the request's remaining deadline (s) for reading the files; None waits as long as the caller.
+        target "adapter": `path` is a PEFT adapter directory, committed as version `version` of `adapter`."""
         t0 = time.perf_counter()
+        if target == "adapter":
+            return await self._load_adapter(path, version, adapter, partial, timeout, tenant, t0)
         if version <= 0:
             raise invalid_field("version", f"must be > 0, got {version}", sep=" ")
         self.committer.check_version(target, version)
@@ -166,6 +213,45 @@ class WeightService:
         res = await self.committer.commit(files, names, version, target, mode, keep_files=True)
         return PushOutcome(res.version, target, len(names), nbytes, missing, t_val - t0, validate_s,
                            res.apply_s, res.pause_s, time.perf_counter() - t0, res.prepare_s)
+
+    async def _load_adapter(self, path, version, name, partial, timeout, tenant, t0) -> PushOutcome:
+        if partial:
+            raise invalid_field("partial", "an adapter is loaded whole; leave it false", sep=" ", rpc="LoadWeights")
+        problem = name_problem(name)
+        if problem:
+            raise invalid_field("adapter", problem, rpc="LoadWeights")
+        try:
+            files, headers, config, t_val = await asyncio.wait_for(
+                asyncio.wrap_future(FILE_IO.submit(self._read_adapter, path)), timeout)
+        except TimeoutError:
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"LoadWeights: reading {path!r} outlasted the request's deadline; nothing changed"
+                               ) from None
+        spec = self.adapter_spec(name, version, config, "", "LoadWeights")
+        nbytes = 0
+        for tname, (found, size) in headers.items():
+            spec.manifest.check_tensor(tname, found.dtype, found.shape, where=f"{files[0]}: ")
+            nbytes += size
+        spec.manifest.check_complete(list(headers), False, where=f"{files[0]}: ")
+        validate_s = time.perf_counter() - t_val
+        res = await self.adapters.commit(name, version, spec, files[0], nbytes, tenant, keep_file=True)
+        return PushOutcome(res.version, "adapter", len(headers), nbytes, False, t_val - t0, validate_s, res.apply_s,
+                           0.0, time.perf_counter() - t0, 0.0, adapter=name)
+
+    def _read_adapter(self, path: str):
+        """(files, headers, config text, time the reads began) of a PEFT adapter directory below the weights roots:
+        its adapter_model.safetensors and adapter_config.json. Blocking: runs in FILE_IO."""
+        files = [f for f in weight_files(path, self.roots) if f.name == WEIGHTS_FILE]
+        if not files:
+            raise invalid_field("path", f"{path!r} is not a PEFT adapter directory (no {WEIGHTS_FILE})", sep=" ",
+                                rpc="LoadWeights")
+        t_val = time.perf_counter()
+        try:
+            with open_regular(files[0].parent / CONFIG_FILE) as fh:
+                config = fh.read(MAX_CONFIG_BYTES + 1)
+            return files, read_headers(files), config, t_val
+        except (OSError, ValueError) as e:      # unreadable, not safetensors, no config
+            raise invalid_field("path", f"{path!r}: {e}", sep=" ", rpc="LoadWeights") from None
 
     def _read(self, path: str):
         """(files, headers, time the reads began): the regular safetensors files `path` names inside the

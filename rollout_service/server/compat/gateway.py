@@ -165,6 +165,51 @@ class Gateway:
         return {"version": out.version, "num_tensors": out.num_tensors, "num_bytes": out.num_bytes,
                 "total_s": round(out.total_s, 3), "pause_s": round(out.pause_s, 3)}
 
+    def policy_of(self, model, field: str = "model") -> str:
+        """A dialect's model name -> GenerateRequest.policy: a served adapter's name is that adapter; the base
+        model's path or name (or none) is the base policy. With LoRA on, any other name is a 404 naming the field (as
+        vLLM answers an unknown model); with LoRA off the name is not checked (as before adapters)."""
+        adapters = self.pool.adapters
+        if not model or not adapters.enabled:
+            return ""
+        if not isinstance(model, str):
+            raise DialectError(400, f"{field}: must be a string (the base model or an adapter's name)", field)
+        if model in adapters.served():
+            return model
+        base = self.model.path
+        if model in (base, base.rstrip("/").rsplit("/", 1)[-1]):
+            return ""
+        served = ", ".join([base, *sorted(adapters.served())])
+        raise DialectError(404, f"{field}: the model `{model}` does not exist (served: {served})", field)
+
+    async def load_adapter(self, name, path, version) -> dict:
+        """vLLM's and SGLang's /load_lora_adapter: LoadWeights of a PEFT directory as the adapter's next version (or
+        `version`): a name already served gets a new version (its samples in flight finish on theirs)."""
+        if not isinstance(name, str) or not name:
+            raise DialectError(400, "lora_name: required, the adapter's name", "lora_name")
+        if not isinstance(path, str) or not path:
+            raise DialectError(400, "lora_path: required, a PEFT adapter directory below the server's --weights-root",
+                               "lora_path")
+        a = self.pool.adapters.adapters.get(name)
+        if version is None:
+            version = (a.latest if a is not None and not a.unloading else 0) + 1
+        spelling = {"LoadWeights": "load_lora_adapter", "path": "lora_path", "adapter": "lora_name"}
+        try:
+            out = await self.service.weights.load(path, version, "adapter", "wait", False, adapter=name)
+        except ServiceError as e:
+            raise from_service_error(e, spelling) from None
+        return {"lora_name": name, "version": out.version, "num_tensors": out.num_tensors,
+                "num_bytes": out.num_bytes, "total_s": round(out.total_s, 3)}
+
+    async def unload_adapter(self, name) -> dict:
+        if not isinstance(name, str) or not name:
+            raise DialectError(400, "lora_name: required, the adapter's name", "lora_name")
+        try:
+            a = await self.service.unload_adapter(name)
+        except ServiceError as e:
+            raise from_service_error(e, {"name": "lora_name"}) from None
+        return {"lora_name": a.name, "version": a.version}
+
     async def pause(self, mode: str) -> None:
         await self.service.pool.hold(mode)
 

@@ -219,9 +219,39 @@ async def generate(request: Request):
     body = json_body(await request.body())
     req, batched, return_logprob, stream = parse_generate(body)
     req.session_id = gw.session_key(request, body)
+    req.policy = gw.policy_of(_lora_path(body), "lora_path")     # SGLang's per-request adapter
     if stream:
         return await _stream(gw, req, batched, return_logprob)
     return await until_disconnect(request, _run(gw, req, batched, return_logprob))
+
+
+def _lora_path(body: dict):
+    """SGLang's `lora_path`: one adapter name, or one per prompt of a batch (all the same here: a request samples one
+    policy)."""
+    lora = body.get("lora_path")
+    if isinstance(lora, list):
+        names = {x for x in lora if x is not None}
+        if len(names) > 1:
+            raise DialectError(400, "lora_path: one adapter per request here (got "
+                                    f"{sorted(map(str, names))}); send one request per adapter", "lora_path")
+        return next(iter(names), None)
+    return lora
+
+
+@router.post("/load_lora_adapter")
+@answers_errors
+async def load_lora_adapter(request: Request):
+    """SGLang's {"lora_name", "lora_path"} (as the vLLM dialect's /v1/load_lora_adapter)."""
+    body = json_body(await request.body())
+    out = await gateway(request).load_adapter(body.get("lora_name"), body.get("lora_path"), Fields(body).int("version"))
+    return {"success": True, "message": f"LoRA adapter '{out['lora_name']}' loaded"} | out
+
+
+@router.post("/unload_lora_adapter")
+@answers_errors
+async def unload_lora_adapter(request: Request):
+    out = await gateway(request).unload_adapter(json_body(await request.body()).get("lora_name"))
+    return {"success": True, "message": f"LoRA adapter '{out['lora_name']}' unloaded"} | out
 
 
 @router.get("/health_generate")

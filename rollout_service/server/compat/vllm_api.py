@@ -160,7 +160,7 @@ class Writer:
         self.stop_ids = set(req.sampling.stop_token_ids)
         self.rid = f"{'chatcmpl' if opts.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.model = gw.model.path
+        self.model = req.policy or gw.model.path          # an adapter's answers name the adapter, as vLLM's do
 
     def _decode(self, items, texts) -> list[tuple[str, dict[int, str]]]:
         """(text, token id -> its string) per item; texts: the items' texts where already known (streams)."""
@@ -358,6 +358,7 @@ async def _serve(request: Request, parse, spelling) -> Response:
     body = json_body(await request.body())
     req, opts = parse(body)
     gw = gateway(request)
+    req.policy = gw.policy_of(body.get("model"))              # an adapter's name samples that LoRA adapter
     req.session_id = gw.session_key(request, body)
     return await _answer(request, gw, req, opts, spelling, body)
 
@@ -395,6 +396,7 @@ async def chat_completions(request: Request):
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is not None:
         body["max_tokens"] = body["max_completion_tokens"]
     req, opts = _common(f, "chat")
+    req.policy = gw.policy_of(body.get("model"))
     extra = body.get("chat_template_kwargs") or {}
 
     def template():
@@ -422,11 +424,37 @@ async def generate_tokens(request: Request):
 
 @router.get("/v1/models")
 def models(request: Request) -> dict:
+    """The base model, then every LoRA adapter served (vLLM lists each with its base as `parent`)."""
     gw = gateway(request)
-    return {"object": "list", "data": [{
-        "id": gw.model.path, "object": "model", "created": 0, "owned_by": "rollout-service", "root": gw.model.path,
-        "parent": None, "max_model_len": gw.model.max_model_len,
-        "rollout": {"policy_version": gw.pool.policy_version, "draft_version": gw.pool.draft_version}}]}
+    base = gw.model.path
+    data = [{"id": base, "object": "model", "created": 0, "owned_by": "rollout-service", "root": base,
+             "parent": None, "max_model_len": gw.model.max_model_len,
+             "rollout": {"policy_version": gw.pool.policy_version, "draft_version": gw.pool.draft_version}}]
+    for name in sorted(gw.pool.adapters.served()):
+        a = gw.pool.adapters.adapters[name]
+        data.append({"id": name, "object": "model", "created": 0, "owned_by": "rollout-service",
+                     "root": str(a.versions[a.latest].path), "parent": base, "max_model_len": gw.model.max_model_len,
+                     "rollout": {"policy_version": a.latest, "loaded_versions": sorted(a.versions)}})
+    return {"object": "list", "data": data}
+
+
+@router.post("/v1/load_lora_adapter")
+@answers_errors
+async def load_lora_adapter(request: Request):
+    """vLLM's {"lora_name", "lora_path"}: a PEFT directory below --weights-root, committed on every engine as the
+    name's next version ("version" picks it). Answers vLLM's text."""
+    body = json_body(await request.body())
+    out = await gateway(request).load_adapter(body.get("lora_name"), body.get("lora_path"), Fields(body).int("version"))
+    return Response(f"Success: LoRA adapter '{out['lora_name']}' added successfully.", media_type="text/plain",
+                    headers={"x-rollout-adapter-version": str(out["version"])})
+
+
+@router.post("/v1/unload_lora_adapter")
+@answers_errors
+async def unload_lora_adapter(request: Request):
+    """vLLM's {"lora_name"}: no new request may name it; its samples in flight finish, then it is unloaded."""
+    out = await gateway(request).unload_adapter(json_body(await request.body()).get("lora_name"))
+    return Response(f"Success: LoRA adapter '{out['lora_name']}' removed successfully.", media_type="text/plain")
 
 
 @router.get("/health")
