@@ -354,7 +354,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches", "sessions", "durability", "moe", "adapters", "adapter_limits", "tenants")
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches", "sessions", "durability", "moe", "quantization", "adapters", "adapter_limits", "tenants")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +379,7 @@ class Status(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     DURABILITY_FIELD_NUMBER: _ClassVar[int]
     MOE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_LIMITS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
@@ -406,10 +407,11 @@ class Status(_message.Message):
     sessions: SessionStats
     durability: Durability
     moe: MoeInfo
+    quantization: Quantization
     adapters: _containers.RepeatedCompositeFieldContainer[AdapterStatus]
     adapter_limits: AdapterLimits
     tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
-    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ..., sessions: _Optional[_Union[SessionStats, _Mapping]] = ..., durability: _Optional[_Union[Durability, _Mapping]] = ..., moe: _Optional[_Union[MoeInfo, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterStatus, _Mapping]]] = ..., adapter_limits: _Optional[_Union[AdapterLimits, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ..., sessions: _Optional[_Union[SessionStats, _Mapping]] = ..., durability: _Optional[_Union[Durability, _Mapping]] = ..., moe: _Optional[_Union[MoeInfo, _Mapping]] = ..., quantization: _Optional[_Union[Quantization, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterStatus, _Mapping]]] = ..., adapter_limits: _Optional[_Union[AdapterLimits, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ...) -> None: ...
 
 class Durability(_message.Message):
     __slots__ = ("state_dir", "restored_policy_version", "restored_draft_version")
@@ -420,6 +422,24 @@ class Durability(_message.Message):
     restored_policy_version: int
     restored_draft_version: int
     def __init__(self, state_dir: _Optional[str] = ..., restored_policy_version: _Optional[int] = ..., restored_draft_version: _Optional[int] = ...) -> None: ...
+
+class Quantization(_message.Message):
+    __slots__ = ("method", "scheme", "weights", "activations", "dtype", "drafter_method", "batch_invariant")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_METHOD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    scheme: str
+    weights: str
+    activations: str
+    dtype: str
+    drafter_method: str
+    batch_invariant: bool
+    def __init__(self, method: _Optional[str] = ..., scheme: _Optional[str] = ..., weights: _Optional[str] = ..., activations: _Optional[str] = ..., dtype: _Optional[str] = ..., drafter_method: _Optional[str] = ..., batch_invariant: _Optional[bool] = ...) -> None: ...
 
 class MoeInfo(_message.Message):
     __slots__ = ("num_experts", "top_k", "num_layers", "capture")
