@@ -85,3 +85,12 @@ def correct(text: str, answer: int) -> bool:
 def reward(text: str, answer: int) -> float:
     """1 for a correct final answer, plus 0.1 for an 'Answer: N' line (right or wrong)."""
     return (1.0 if correct(text, answer) else 0.0) + (0.1 if extract_answer(text) is not None else 0.0)
+
+
+def brevity_reward(text: str, answer: int) -> float:
+    """Another task on the same prompts: answer briefly. 1 for an empty answer down to 0 at 200 characters or more
+    (the answer's correctness does not count)."""
+    return 1.0 - min(len(text.strip()), 200) / 200
+
+
+REWARDS = {"arithmetic": reward, "brevity": brevity_reward}

@@ -49,11 +49,15 @@ def sample_oldest_version(s) -> int:
 
 
 def generate_batch(client, problems: list[Problem], prompt_ids: list[list[int]], *, n: int, max_tokens: int,
-                   temperature: float, min_policy_version: int = 0, routed_experts: bool = False) -> Batch:
-    """One Generate call: n samples for each prompt, scored by the task's pure reward. routed_experts: ask for
-    each sample's routes (an MoE policy; routing_replay.py replays them)."""
+                   temperature: float, min_policy_version: int = 0, routed_experts: bool = False,
+                   policy: str = "", reward_fn=reward) -> Batch:
+    """One Generate call: n samples for each prompt, scored by the task's pure reward (`reward_fn`). routed_experts:
+    ask for each sample's routes (an MoE policy; routing_replay.py replays them). policy: the LoRA adapter to sample
+    ("" for the service's base policy)."""
     t0 = time.perf_counter()
     extra = {"return_routed_experts": True} if routed_experts else {}
+    if policy:
+        extra["policy"] = policy
     groups = client.generate_all(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature,
                                  return_text=True, min_policy_version=min_policy_version,
                                  request_id=f"grpo-{uuid.uuid4().hex[:12]}", **extra)
@@ -62,7 +66,7 @@ def generate_batch(client, problems: list[Problem], prompt_ids: list[list[int]],
         for s in samples:
             routes = getattr(s, "routed_experts", None)
             out.append(Rollout(group=g, prompt_ids=ids, token_ids=s.token_ids, rollout_logp=s.logprobs,
-                               reward=reward(s.text, problem.answer), correct=correct(s.text, problem.answer),
+                               reward=reward_fn(s.text, problem.answer), correct=correct(s.text, problem.answer),
                                oldest_version=sample_oldest_version(s), draft_version=s.draft_version,
                                num_drafted=s.num_drafted, num_accepted=s.num_accepted,
                                answer_line=extract_answer(s.text) is not None,

@@ -37,7 +37,7 @@ import torch
 
 from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess, run_command
-from rollout_tasks.arithmetic import correct, extract_answer, split
+from rollout_tasks.arithmetic import REWARDS, correct, extract_answer, split
 from rollout_tasks.chat import chat_token_ids, user_turn
 from trainer_example import grpo, routing_replay
 from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, drop_stale, generate_batch,
@@ -53,6 +53,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="an MoE policy: train on forward passes that route every token to the experts the engine "
                          "routed it to (on), or let the trainer's routers choose (off); the other one is run too, "
                          "without gradients, to log the log-prob mismatch both ways")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="train only a LoRA adapter of this rank (PEFT, every linear layer of the decoder) and push "
+                         "only the adapter (PushWeights with TARGET_ADAPTER: kilobytes to megabytes, no pause) as "
+                         "policy --policy-name; the service's base weights stay as they are, so trainers with "
+                         "different adapters share one service. 0 (default): train and push the whole model")
+    ap.add_argument("--policy-name", default="grpo",
+                    help="--lora: the adapter's name on the service (each trainer sharing a service needs its own)")
+    ap.add_argument("--reward", choices=sorted(REWARDS), default="arithmetic",
+                    help="the task's reward: arithmetic (a correct final answer, plus 0.1 for an answer line) or "
+                         "brevity (shorter answers score higher)")
     ap.add_argument("--mode", choices=["sync", "async"], default="sync")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8, help="prompts (GRPO groups) per step")
@@ -67,19 +77,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-ops", type=int, default=1, help="operations per word problem: 1..max-ops (task.py)")
     ap.add_argument("--lr", type=float, default=5e-6)
     ap.add_argument("--clip-eps", type=float, default=0.2)
-    ap.add_argument("--is-cap", type=float, default=2.0, help="truncation of the importance weight pi_old/pi_rollout")
+    ap.add_argument("--rollout-correction", choices=grpo.CORRECTIONS, default="tis",
+                    help="importance correction of the gap between the served policy (a quantized one: --quantization)"
+                         " and the trainer's, per token on r = pi_old / pi_rollout: tis truncates r at --is-cap, mis "
+                         "drops tokens with r outside [1/cap, cap], none uses 1 (grpo.py)")
+    ap.add_argument("--is-cap", type=float, default=2.0,
+                    help="the rollout correction's cap on the importance weight pi_old / pi_rollout")
+    ap.add_argument("--quantization", choices=["none", "int8"], default="none",
+                    help="the served precision of the service this command starts (serve --quantization): int8 "
+                         "rollouts from a policy the trainer trains in float32; with --target, say the service's")
     ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per forward pass")
     ap.add_argument("--kl-samples", type=int, default=16,
                     help="sequences per step on which KL to the start policy is estimated (a metric only)")
     ap.add_argument("--max-lag", type=int, default=1, help="async: never train on samples older than this")
     ap.add_argument("--speculation", choices=["eagle3", "draft_model", "ngram", "suffix", "none"],
-                    default="eagle3",
+                    default=None,
                     help="when this command starts the service (k chosen per step by the service's controller): "
                          "eagle3, an EAGLE-3 head (the fastest drafter here; adapted online with --adapt-drafter); "
                          "draft_model, a small model adapted online toward the policy (unless --no-adapt-drafter); "
                          "ngram and suffix need no drafter (suffix drafts from the group's and earlier steps' own "
-                         "samples)")
+                         "samples). Default: eagle3, or none with --lora (the drafter serves the base policy)")
     ap.add_argument("--drafter", help="drafter directory (default: `rollout-service prepare-drafter --kind "
                                       "eagle3|draft_model`, cached; draft_model with --model: the policy's first 2 "
                                       "layers)")
@@ -105,7 +123,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--eval-size", type=int, default=32)
     ap.add_argument("--out", default="runs/grpo", help="directory for metrics.jsonl and the service log")
     ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.speculation is None:
+        args.speculation = "none" if args.lora else "eagle3"
+    if args.lora:
+        args.weight_sync = "push"       # an adapter is a few MB: one PushWeights stream, no transfer group
+    return args
 
 
 class Trainer:
@@ -125,8 +148,16 @@ class Trainer:
         self.moe = routing_replay.is_moe(self.policy)
         self.replay = self.moe and args.routing_replay == "on"
         self.route_stats = routing_replay.RouteStats()
-        self.opt = torch.optim.AdamW(self.policy.parameters(), lr=args.lr, weight_decay=0.0)
+        if args.lora:                   # only the adapter trains; it starts at B = 0: exactly the base policy
+            from peft import LoraConfig, get_peft_model
+
+            self.policy = get_peft_model(self.policy, LoraConfig(
+                r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        self.opt = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad], lr=args.lr,
+                                     weight_decay=0.0)
         adapt = args.adapt_drafter if args.adapt_drafter is not None else drafter_kind == "draft_model"
+        adapt = adapt and not args.lora          # the drafter serves the base policy, shared by every adapter
         self.drafter = self.head = None
         if drafter_dir and adapt and drafter_kind == "draft_model":
             self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr)
@@ -189,6 +220,14 @@ class Trainer:
         return {"routing_replay": self.replay, "logp_mismatch_replay": d_on, "kl_k3_replay": kl_on,
                 "logp_mismatch_no_replay": d_off, "kl_k3_no_replay": kl_off,
                 "routes_differing": stats.differing_fraction, "route_decisions": stats.decisions}
+
+    def push(self, client, sync, version: int, mode: str, dtype):
+        """5. push: the adapter alone (--lora; in-flight samples finish on their adapter version, no pause), else the
+        whole policy (over the transfer group, or a PushWeights stream)."""
+        if self.args.lora:
+            return client.push_adapter(self.args.policy_name, self.policy, version, dtype=dtype)
+        push = sync.push if sync is not None else client.push_weights
+        return push(self.push_weights(), version, mode=mode, dtype=dtype)
 
     def push_weights(self):
         """The policy's tensors under the checkpoint's names, which the service validates pushes against:
@@ -264,7 +303,7 @@ class Trainer:
                     kl_rows += mb.input_ids.shape[0]
                 loss, st = grpo.grpo_loss(logp, mb_old, mb.rollout_logp, mb.advantages,
                                           mb.gen_mask, clip_eps=self.args.clip_eps, is_cap=self.args.is_cap,
-                                          num_tokens=mbatch.num_tokens)
+                                          correction=self.args.rollout_correction, num_tokens=mbatch.num_tokens)
                 loss.backward()
                 stats.append(st)
                 if self.drafter is not None:
@@ -279,6 +318,9 @@ class Trainer:
         return {"loss": sum(s.loss for s in stats), "clip_fraction": sum(s.clip_fraction for s in stats) / n,
                 "is_weight_mean": sum(s.mean_is_weight for s in stats) / n,
                 "is_truncated_fraction": sum(s.truncated_fraction for s in stats) / n, "drafter_kl": kl_draft,
+                "rollout_correction": self.args.rollout_correction,
+                "rollout_logp_mismatch": sum(s.logp_mismatch for s in stats) / n,
+                "rollout_kl_k3": sum(s.kl_k3 for s in stats) / n,
                 "kl_to_start": kl_sum / max(kl_n, 1), "kl_samples": kl_rows}
 
 
@@ -287,7 +329,7 @@ def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int)
     seeds disjoint from training; the same problems every time, so evaluations can be compared pairwise."""
     problems = split(size, eval=True, max_ops=max_ops)
     groups = client.generate_all(trainer.encode(problems), n=1, max_tokens=max_tokens, temperature=0.0,
-                                 return_text=True)
+                                 return_text=True, policy=trainer.args.policy_name if trainer.args.lora else "")
     texts = [g[0].text for g in groups]
     hits = [correct(t, p.answer) for p, t in zip(problems, texts)]
     return (sum(hits) / len(problems), sum(extract_answer(t) is not None for t in texts) / len(problems),
@@ -330,8 +372,13 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     trainer = Trainer(policy_dir, args, drafter_dir, status.speculation_method,
                       draft_steps=status.num_speculative_tokens or 3)
     version, draft_version = status.policy_version, status.draft_version
+    served = status.quantization.method or "none"      # what the rollouts' log-probs are the log-probs of
     gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature,
-               routed_experts=trainer.moe)
+               routed_experts=trainer.moe, reward_fn=REWARDS[args.reward])
+    if args.lora:                   # the adapter's own version line, from 1 (or after what a previous run pushed)
+        version = next((a.version for a in status.adapters if a.name == args.policy_name), 0) + 1
+        trainer.push(client, None, version, "wait", None)
+        gen["policy"] = args.policy_name
     cursor = [0]
 
     def next_problems():
@@ -371,7 +418,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             rewards = assign_advantages(batch, args.group_size)
             rollouts, dropped = drop_stale(batch.rollouts, version, args.max_lag)
             t1 = time.perf_counter()
-            row = {"step": step, "mode": args.mode, "eval_before": eval_before, "eval_size": args.eval_size,
+            row = {"step": step, "mode": args.mode, "quantization": served, "eval_before": eval_before,
+                   "eval_size": args.eval_size,
                    "policy_version": version, "samples": len(rollouts),
                    "dropped_stale": dropped, "max_lag_used": max((version - r.oldest_version for r in rollouts),
                                                                  default=0),
@@ -404,8 +452,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             t_push = time.perf_counter()
             # 5. push
             version += 1
-            push = sync.push if sync is not None else client.push_weights
-            pushed = push(trainer.push_weights(), version, mode="keep" if prefetch else "wait", dtype=push_dtype)
+            pushed = trainer.push(client, sync, version, "keep" if prefetch else "wait", push_dtype)
             t_draft = time.perf_counter()
             drafter_weights = trainer.drafter.weights() if trainer.drafter is not None else head_weights
             if drafter_weights is not None and (step + 1) % args.draft_every == 0:
@@ -468,8 +515,8 @@ def policy_mismatch(r: dict) -> str | None:
     """A warning when samples drawn under the policy the trainer holds (no lag) carry log-probs it disagrees with:
     their importance weights pi_old / pi_rollout must then be 1 up to float noise. Off by more means the service
     served other weights than the trainer pushed (a transfer that corrupted them was found this way, 2026-11-26)."""
-    if r.get("max_lag_used") or "is_weight_mean" not in r:
-        return None
+    if r.get("max_lag_used") or "is_weight_mean" not in r or r.get("quantization", "none") != "none":
+        return None                           # (a quantized service serves other weights than pushed, by design)
     if abs(r["is_weight_mean"] - 1.0) <= 0.02 and r["is_truncated_fraction"] <= 0.005:
         return None
     return (f"WARNING step {r['step']}: the served policy disagrees with the trainer's on samples without lag "
@@ -494,6 +541,9 @@ def step_line(r: dict) -> str:
             + (f"  k chosen: mean {r['k_mean']:.2f}, steps by k {'/'.join(map(str, r['k_steps']))}"
                if r.get("k_mean") is not None else "")
             + f"  drafter v{r['draft_version']}"
+            + (f"  rollout |dlogp| {r['rollout_logp_mismatch']:.4f} KL {r['rollout_kl_k3']:.1e} "
+               f"{r['rollout_correction']} {'masked' if r['rollout_correction'] == 'mis' else 'truncated'} "
+               f"{r['is_truncated_fraction']:.1%}" if r.get("rollout_logp_mismatch") is not None else "")
             + (f" (pushed in {r['draft_push_s']:.1f}s)" if r.get("draft_pushed") is not None else "")
             + _head_text(r)
             + (f"  held-out accuracy {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else "")
@@ -561,7 +611,9 @@ def main(argv=None) -> int:
             rows = run(client, args, policy_dir, drafter, out)
     else:
         drafter = choose_drafter(args, policy_dir, out)
-        extra = ["--dtype", args.engine_dtype, "--speculation", args.speculation]
+        extra = ["--dtype", args.engine_dtype, "--speculation", args.speculation, "--quantization", args.quantization]
+        if args.lora:                   # the service's LoRA buffers: the next of vLLM's ranks (8, 16, 32, ...)
+            extra += ["--max-adapters", "4", "--max-lora-rank", str(max(8, 1 << (args.lora - 1).bit_length()))]
         extra += ["--draft-model", drafter] if drafter else []
         print(f"starting rollout-service on {policy_dir} (speculation: {args.speculation}"
               f"{', drafter ' + drafter if drafter else ''}); log: {out / 'service.log'}")

@@ -7,6 +7,7 @@ and marking it unhealthy (the supervisor, the scaler and the weight committer as
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import shutil
 import time
@@ -21,6 +22,7 @@ from rollout_service.config import LoraConfig
 from rollout_service.errors import ServiceError, refused_by_engine, unavailable
 from rollout_service.pool.adapters import AdapterRegistry, AdapterVersion
 from rollout_service.pool.committed import CommittedWeights
+from rollout_service.pool.fair import FairGate
 from rollout_service.pool.partial import Partial
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
 from rollout_service.pool.sessions import SessionTable
@@ -33,11 +35,13 @@ log = logging.getLogger(__name__)
 class EnginePool:
     def __init__(self, engines: list[Engine], *, max_queue: int, idempotency_ttl_s: float = 600.0,
                  checkpoints: dict[str, str | Path | None] | None = None, max_sessions: int = 100_000,
-                 session_max_imbalance: int = 32, state_dir: str | Path = "", lora: LoraConfig | None = None):
+                 session_max_imbalance: int = 32, state_dir: str | Path = "", lora: LoraConfig | None = None,
+                 fair_slots: int = 0):
         """checkpoints: target ("policy", "drafter") -> the model directory the engines start from (None or
         absent: the service has no such target, pushes to it are refused). max_sessions, session_max_imbalance:
         session routing (sessions.py; config.SessionConfig). state_dir: where commits survive a restart (empty:
-        they do not; committed.py). lora: the LoRA adapters it may serve (adapters.py; None: none)."""
+        they do not; committed.py). lora: the LoRA adapters it may serve (adapters.py; None: none). fair_slots: with
+        tenants, each engine's slots shared fairly between them (fair.py; 0: no gate, vLLM's first-come order)."""
         if not engines:
             raise ValueError("a pool needs at least one engine")
         self.engines = engines
@@ -65,6 +69,9 @@ class EnginePool:
         self.held: str | None = None                     # an operator's pause (HTTP /pause): its in-flight mode
         self.telemetry.patches_of = self.patch_report
         self._unloading: set[asyncio.Task] = set()
+        self.fair = FairGate(fair_slots) if fair_slots else None
+        self.tenant_load: collections.Counter = collections.Counter()    # sequences admitted per tenant
+        self.tenant_samples: collections.Counter = collections.Counter()
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -237,11 +244,13 @@ class EnginePool:
 
     # ---- data plane ------------------------------------------------------------------------------
     def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]], session: str = "", *,
-               partials: list[Partial | None] | None = None, return_partial: bool = False) -> RequestRecord:
+               partials: list[Partial | None] | None = None, return_partial: bool = False, tenant: str = "",
+               quota: int = 0) -> RequestRecord:
         """Admit a request (groups[p] = the samples of prompt p) or return the record it retries. session: its
         session key ("" for none): all of it goes to the session's engine (sessions.py). partials[p]: the partial
         sample prompt p's samples continue (their engine prompts already end with its tokens). return_partial: an
-        aborted sample is a result (finish "abort"), not the request's failure."""
+        aborted sample is a result (finish "abort"), not the request's failure. tenant: whose request it is (the
+        fair gate's share, `quota`: its most sequences admitted at once, 0: none)."""
         if self.closing:
             raise unavailable("the server is shutting down; retry the request against a running server")
         existing = self.requests.get(request_id) if request_id else None
@@ -256,6 +265,11 @@ class EnginePool:
             raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"queue full: {self.depth} sequences admitted, this request adds {count}, "
                                f"max_queue is {self.max_queue}; retry later with backoff or send fewer prompts")
+        if quota and self.tenant_load[tenant] + count > quota:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"tenant {tenant!r}: {self.tenant_load[tenant]} sequences admitted, this request adds "
+                               f"{count}, its quota (security.tenants max_sequences) is {quota}; retry later with "
+                               "backoff or send fewer prompts")
         # A paused engine (a weight commit in progress) queues new sequences until it resumes.
         ready = [e for e in self.engines
                  if e.state in (EngineState.READY, EngineState.PAUSED) and e.id not in self.draining]
@@ -270,7 +284,8 @@ class EnginePool:
             self.load[engine.id] += len(group)
             for s, seq in enumerate(group):
                 self.depth += 1
-                slot = _Slot(engine.id, seq.lora_id)
+                slot = _Slot(engine.id, seq.lora_id, tenant)
+                self.tenant_load[tenant] += 1
                 if seq.lora_id:
                     self.adapters.hold(seq.lora_id)       # its version stays loaded until the sequence ends
                 task = asyncio.create_task(self._run(rec, engine, p, s, seq, admitted, slot,
@@ -298,6 +313,7 @@ class EnginePool:
         if slot.released:
             return
         slot.released = True
+        self.tenant_load[slot.tenant] -= 1
         self.depth -= 1
         self.load[slot.engine_id] -= 1
         self.telemetry.m_queue.set(self.depth)
@@ -331,11 +347,18 @@ class EnginePool:
                 d = msgspec.structs.replace(d, version_spans=[(seq.adapter_version, d.start)])
             rec.add_delta(p, s, partial.shifted(d) if partial else d)
 
+        gate = self.fair
         try:
-            if seq.stream:
-                result = await engine.generate(seq, on_delta)
-            else:
-                result = await engine.generate(seq)
+            if gate is not None:
+                await gate.acquire(engine.id, slot.tenant)       # a fair share of the engine's batch
+            try:
+                if seq.stream:
+                    result = await engine.generate(seq, on_delta)
+                else:
+                    result = await engine.generate(seq)
+            finally:
+                if gate is not None and slot.tenant in gate.running[engine.id]:
+                    gate.release(engine.id, slot.tenant)
         except ServiceError as e:
             self._fail(rec, e)
             return
@@ -357,6 +380,7 @@ class EnginePool:
                                          "committed new weights); retry the request"))
             return
         self.finished[engine.id] += 1
+        self.tenant_samples[slot.tenant] += 1
         if seq.lora_id:
             self.adapters.finished(seq.lora_id, len(result.token_ids), result.num_drafted, result.num_accepted)
         self.telemetry.sample_finished(len(result.token_ids), result.finish_reason, time.monotonic() - admitted,
@@ -391,9 +415,10 @@ class EnginePool:
 class _Slot:
     """One admitted sequence's place in the queue and on its engine; released exactly once."""
 
-    __slots__ = ("engine_id", "released", "lora_id")
+    __slots__ = ("engine_id", "released", "lora_id", "tenant")
 
-    def __init__(self, engine_id: str, lora_id: int = 0):
+    def __init__(self, engine_id: str, lora_id: int = 0, tenant: str = ""):
         self.engine_id = engine_id
         self.released = False
         self.lora_id = lora_id
+        self.tenant = tenant

@@ -8,6 +8,7 @@ and never logged: a client is named in logs and limits by a short hash.
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import hmac
 import logging
@@ -61,16 +62,34 @@ def client_id(token: str) -> str:
     return "token:" + hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant's scope and quota (config.TenantConfig, its token read)."""
+    name: str
+    policies: tuple[str, ...]         # adapter names; a trailing '*' matches a prefix
+    max_sequences: int                # 0: no quota beyond max_queue
+
+    def owns(self, policy: str) -> bool:
+        """Whether this tenant may sample and push adapter `policy` (never the base policy, "")."""
+        return bool(policy) and any(policy == p or (p.endswith("*") and policy.startswith(p[:-1]))
+                                    for p in self.policies)
+
+
+TENANT_METHODS = frozenset(f"/rollout.v1.RolloutService/{m}" for m in ("PushWeights", "LoadWeights",
+                                                                       "UnloadAdapter"))
+
+
 @dataclass(frozen=True, repr=False)
 class Credentials:
     token: str
     admin_token: str
+    tenants: tuple[tuple[str, Tenant], ...] = ()     # (token, tenant)
 
     def __repr__(self) -> str:          # never print the secrets
         return "Credentials(<redacted>)"
 
     def role(self, authorization: str | None) -> str | None:
-        """'admin', 'client' or None for an `authorization` header value."""
+        """'admin', 'client', 'tenant:<name>' or None for an `authorization` header value."""
         if not authorization or not authorization.startswith("Bearer "):
             return None
         given = authorization[len("Bearer "):].strip().encode()
@@ -78,6 +97,14 @@ class Credentials:
             return "admin"
         if hmac.compare_digest(given, self.token.encode()):
             return "client"
+        for token, tenant in self.tenants:
+            if hmac.compare_digest(given, token.encode()):
+                return f"tenant:{tenant.name}"
+        return None
+
+    def tenant(self, role: str | None) -> Tenant | None:
+        if role and role.startswith("tenant:"):
+            return next(t for _, t in self.tenants if t.name == role[len("tenant:"):])
         return None
 
 
@@ -91,13 +118,21 @@ def load_credentials(sec: SecurityConfig, host: str) -> Credentials | None:
                           "admin_token_file, or ROLLOUT_AUTH_TOKEN and ROLLOUT_ADMIN_TOKEN), or neither")
     if token and hmac.compare_digest(token, admin):
         raise ConfigError("security: the admin token must differ from the client token")
+    tenants = []
+    for i, t in enumerate(sec.tenants):
+        value = _read_secret(t.token_file, t.token_env or "-", f"tenants[{i}].token_file")
+        if not value:
+            raise ConfigError(f"security.tenants[{i}] ({t.name}): no token (token_file empty or {t.token_env} unset)")
+        if value in (token, admin) or any(value == v for v, _ in tenants):
+            raise ConfigError(f"security.tenants[{i}] ({t.name}): its token must differ from every other token")
+        tenants.append((value, Tenant(t.name, tuple(t.policies), t.max_sequences)))
     if not token and not is_loopback(host):
         if not sec.allow_insecure_remote:
             raise ConfigError(f"refusing to serve {host} (not loopback) without authentication: set "
                               "security.token_file and security.admin_token_file (and TLS), or set "
                               "security.allow_insecure_remote = true if the network is trusted")
         log.warning("serving %s without authentication (security.allow_insecure_remote)", host)
-    return Credentials(token, admin) if token else None
+    return Credentials(token, admin, tuple(tenants)) if token else None
 
 
 def server_credentials(sec: SecurityConfig) -> grpc.ServerCredentials | None:
@@ -134,11 +169,36 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return _denying_handler(handler, grpc.StatusCode.UNAUTHENTICATED,
                                     f"{method}: missing or wrong bearer token; send metadata "
                                     "'authorization: Bearer <token>' (RolloutClient(token=...))")
-        if method in ADMIN_METHODS and role != "admin":
+        if method in ADMIN_METHODS and role != "admin" and not (role.startswith("tenant:") and
+                                                                method in TENANT_METHODS):
             return _denying_handler(handler, grpc.StatusCode.PERMISSION_DENIED,
                                     f"{method} changes what the service serves and needs the admin token "
                                     "(RolloutClient(admin_token=...))")
         return handler
+
+
+# The tenant of the HTTP request being served (set by http_middleware; gRPC passes it to service.admit instead).
+CALLER_TENANT: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar("caller_tenant", default=None)
+
+
+def tenant_of(context, creds: Credentials | None) -> Tenant | None:
+    """The tenant whose token made this call (None: admin, client or no authentication)."""
+    if creds is None or not creds.tenants:
+        return None
+    auth = dict(context.invocation_metadata() or ()).get("authorization")
+    return creds.tenant(creds.role(auth if isinstance(auth, str) else None))
+
+
+def check_scope(tenant: Tenant | None, role: str | None, policy: str, what: str, field: str = "policy") -> None:
+    """PERMISSION_DENIED unless the caller may `what` (sample, push) `policy`: a tenant only its own adapters; the
+    base policy ("") the admin or the client token (with tenants configured); anything else as before."""
+    from rollout_service.errors import about_field
+
+    if tenant is not None and not tenant.owns(policy):
+        target = f"adapter {policy!r}" if policy else "the base policy"
+        raise about_field(grpc.StatusCode.PERMISSION_DENIED, field,
+                          f"tenant {tenant.name!r} may not {what} {target} (its policies: "
+                          f"{', '.join(tenant.policies) or 'none'}); the base policy needs the admin token")
 
 
 def caller_id(context, creds: Credentials | None) -> str:
@@ -167,6 +227,7 @@ def http_middleware(creds: Credentials):
             return await call_next(request)
         sent = request.headers.get("authorization")
         role = request.state.role = creds.role(sent)
+        CALLER_TENANT.set(creds.tenant(role))        # the dialects' admission reads it (service.admit)
         if path in PROBE_HTTP_PATHS and not sent:
             return await call_next(request)
         if role is None:

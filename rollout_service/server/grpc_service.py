@@ -13,7 +13,7 @@ from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.requests import IndexedDelta, RequestRecord
 from rollout_service.pool.scaling import Scaler
-from rollout_service.server.auth import Credentials, caller_id
+from rollout_service.server.auth import Credentials, caller_id, check_scope, tenant_of
 from rollout_service.server.service import TOKENIZER, RolloutService
 from rollout_service.server.convert import (delta_to_proto, group_to_proto, header_from_proto, metas_from_proto,
                                             push_result_to_proto, sample_to_proto, status_to_proto, target_and_mode)
@@ -30,6 +30,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                  max_streams_per_client: int = 64, creds: Credentials | None = None,
                  transfer: WeightTransfer | None = None):
         self.speculation = speculation or SpeculationConfig()
+        self.precision: dict = {}          # Status.quantization (engine/quantize.py describe); set by the server
         self.scaler = scaler
         self.max_streams_per_client = max_streams_per_client
         self.creds = creds
@@ -59,14 +60,14 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             if not self.streams[caller]:
                 del self.streams[caller]
 
-    async def admit(self, request: pb.GenerateRequest) -> tuple[CheckedRequest, RequestRecord]:
+    async def admit(self, request: pb.GenerateRequest, tenant=None) -> tuple[CheckedRequest, RequestRecord]:
         """The service layer's admission (server/service.py), as the HTTP dialects call it too."""
-        return await self.service.admit(request)
+        return await self.service.admit(request, tenant)
 
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         code = grpc.StatusCode.OK
         try:
-            checked, record = await self.admit(request)
+            checked, record = await self.admit(request, tenant_of(context, self.creds))
         except ServiceError as e:
             self.pool.telemetry.m_requests.labels(e.code.name).inc()
             await context.abort(e.code, e.message)
@@ -115,11 +116,18 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         k = sp.num_speculative_tokens if sp.method != "none" else 0
         status = status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
                                  sp.method, k, sp.draft_cost, k_mode(sp), self.model.moe, self.routes_capture())
+        if self.precision:
+            status.quantization.CopyFrom(pb.Quantization(**self.precision))
         if self.transfer.group is not None:
             status.weight_transfer.CopyFrom(group_to_proto(self.transfer.group))
         elif self.transfer.last_error:             # why the last group closed (a trainer gone, a push failed)
             status.warnings.append("weight transfer: " + "".join(map(str, self.transfer.last_error)) +
                                    "; InitWeightTransfer sets a group up again")
+        for _, t in (self.creds.tenants if self.creds else ()):
+            status.tenants.add(name=t.name, policies=list(t.policies), admitted_sequences=self.pool.tenant_load[t.name],
+                               max_sequences=t.max_sequences or self.pool.max_queue,
+                               waiting_sequences=self.pool.fair.waiting_of(t.name) if self.pool.fair else 0,
+                               samples_total=self.pool.tenant_samples[t.name])
         for w in status.warnings:
             if w not in self._warned:
                 self._warned.add(w)
@@ -152,6 +160,13 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             if first.WhichOneof("item") != "header":
                 raise invalid(f"{rpc}: the first message must carry the header")
             header = header_from_proto(first.header, rpc)
+            tenant = tenant_of(context, self.creds)
+            if tenant is not None:
+                if header.target != "adapter":
+                    raise ServiceError(grpc.StatusCode.PERMISSION_DENIED,
+                                       f"{rpc}: tenant {tenant.name!r} pushes only its adapters (TARGET_ADAPTER); the "
+                                       "base policy and the drafter need the admin token")
+                check_scope(tenant, None, header.adapter, "push", "header.adapter")
 
             async def chunks():
                 trailer = None
@@ -169,7 +184,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                 if trailer is not None:
                     yield trailer
 
-            out = await self.weights.push(header, chunks())
+            out = await self.weights.push(header, chunks(), tenant=tenant.name if tenant else "")
         except ServiceError as e:
             self.pool.telemetry.push_failed("stream")
             await context.abort(e.code, e.message)
@@ -184,8 +199,14 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             target, mode = target_and_mode(request.target, request.in_flight, "LoadWeights: request")
             if target != "adapter" and request.adapter:
                 raise invalid_field("adapter", "is for TARGET_ADAPTER loads only", sep=" ", rpc="LoadWeights")
+            tenant = tenant_of(context, self.creds)
+            if tenant is not None and target != "adapter":
+                raise ServiceError(grpc.StatusCode.PERMISSION_DENIED,
+                                   f"LoadWeights: tenant {tenant.name!r} loads only its adapters (TARGET_ADAPTER)")
+            check_scope(tenant, None, request.adapter, "load", "adapter")
             out = await self.weights.load(request.path, request.version, target, mode, request.partial,
-                                          timeout=context.time_remaining(), adapter=request.adapter)
+                                          timeout=context.time_remaining(), adapter=request.adapter,
+                                          tenant=tenant.name if tenant else "")
         except ServiceError as e:
             self.pool.telemetry.push_failed("path")
             await context.abort(e.code, e.message)
@@ -222,6 +243,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     async def UnloadAdapter(self, request: pb.UnloadAdapterRequest, context) -> pb.AdapterStatus:
         try:
+            check_scope(tenant_of(context, self.creds), None, request.name, "unload", "name")
             adapter = await self.service.unload_adapter(request.name)
         except ServiceError as e:
             await context.abort(e.code, e.message)

@@ -32,9 +32,14 @@ class RolloutService:
         self.weights = weights
         self.transfer = transfer
 
-    async def admit(self, request: pb.GenerateRequest) -> tuple[CheckedRequest, RequestRecord]:
+    async def admit(self, request: pb.GenerateRequest, tenant=None) -> tuple[CheckedRequest, RequestRecord]:
         """Check a request and admit it to the pool (or find the record it retries): the one admission path,
-        shared by Generate and the HTTP dialects. Raises ServiceError."""
+        shared by Generate and the HTTP dialects. tenant: the caller's (auth.Tenant; its scope was checked, its
+        quota and fair share apply here; None: the HTTP request's, auth.CALLER_TENANT). Raises ServiceError."""
+        from rollout_service.server.auth import CALLER_TENANT, check_scope
+
+        tenant = tenant or CALLER_TENANT.get()
+        check_scope(tenant, None, request.policy, "sample")
         if any(p.text for p in request.prompts) or request.ByteSize() > HEAVY_REQUEST_BYTES:
             # tokenising text (chat templates) and hashing a large request take milliseconds to seconds:
             # not on the event loop. One thread: a Hugging Face tokenizer is not safe to share across threads.
@@ -57,7 +62,9 @@ class RolloutService:
                                   "sampled); leave it 0", sep=" ")
         return checked, self.pool.submit(checked.request_id, checked.fingerprint, checked.groups,
                                          session=checked.session_id, partials=checked.partials,
-                                         return_partial=checked.return_partial)
+                                         return_partial=checked.return_partial,
+                                         tenant=tenant.name if tenant else "",
+                                         quota=tenant.max_sequences if tenant else 0)
 
     async def unload_adapter(self, name: str) -> pb.AdapterStatus:
         """UnloadAdapter (and the vLLM dialect's /v1/unload_lora_adapter): no new request may name it; its versions

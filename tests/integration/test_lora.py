@@ -5,6 +5,7 @@ merge_and_unload), adapters and the base mixed in one engine batch; versions kep
 continuing on their adapter; the vLLM and SGLang dialects' adapter endpoints; a base push under loaded adapters."""
 import copy
 import dataclasses
+import json
 import threading
 
 import grpc
@@ -203,3 +204,39 @@ def test_a_base_push_under_loaded_adapters(lc, adapters, tiny_model, hf_model):
         check(lc.generate_all(PROMPTS, n=2, max_tokens=8, ignore_eos=True, temperature=1.0, seed=4), base)
     finally:
         lc.push_weights(hf_model, v + 1)
+
+
+def test_two_lora_trainers_share_the_service(lora_service, lc, tiny_model, tmp_path):
+    """The bundled trainer with --lora, twice at once against this service: each trains its own adapter on its own
+    reward (arithmetic, sync; brevity, async), pushes only the adapter each step, and samples exactly the adapter it
+    holds (importance weights 1 on samples without lag); the base policy is untouched."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base_version = lc.status().policy_version
+    procs = {}
+    for name, reward, mode in (("arith", "arithmetic", "sync"), ("brief", "brevity", "async")):
+        out = tmp_path / name
+        out.mkdir()
+        cmd = [sys.executable, "-m", "trainer_example.train", "--target", lora_service.target, "--model",
+               str(tiny_model), "--lora", "8", "--policy-name", name, "--reward", reward, "--mode", mode,
+               "--steps", "2", "--prompts", "2", "--group-size", "3", "--max-tokens", "16", "--eval-size", "2",
+               "--eval-every", "100", "--micro-batch", "3", "--kl-samples", "2", "--no-save-final", "--lr", "1e-3",
+               "--out", str(out)]
+        log = open(out / "trainer.log", "w")
+        procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        cwd=Path(__file__).resolve().parents[2]), out, log)
+    for name, (proc, out, log) in procs.items():
+        code = proc.wait(timeout=600)
+        log.close()
+        assert code == 0, (out / "trainer.log").read_text()[-4000:]
+    st = {a.name: a for a in lc.status().adapters}
+    for name, (_, out, _) in procs.items():
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [0, 1] and [r["policy_version"] for r in rows] == [1, 2]
+        for r in rows:
+            if r["max_lag_used"] == 0 and "is_weight_mean" in r:
+                assert abs(r["is_weight_mean"] - 1) < 0.02 and r["is_truncated_fraction"] == 0, r
+        assert st[name].version == 3 and st[name].samples_total >= 12     # initial push + one per step
+    assert lc.status().policy_version == base_version

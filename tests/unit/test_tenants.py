@@ -1,0 +1,104 @@
+"""Tenants: tokens scoped to their adapters, admission quotas, and the fair gate that shares each engine's batch
+between tenants (FakeEngines; the latency bench is bench/tenants.py)."""
+import asyncio
+
+import grpc
+import pytest
+
+from rollout_service.config import ServerConfig, TenantConfig
+from rollout_service.errors import ServiceError
+from rollout_service.engine.types import SeqRequest
+from rollout_service.pool.fair import FairGate
+from rollout_service.pool.pool import EnginePool
+from rollout_service.server.auth import check_scope, load_credentials
+from tests.fake_engine import FakeEngine
+
+A, ADMIN, T1, T2 = "a" * 20, "b" * 20, "c" * 20, "d" * 20
+
+
+def test_tenant_tokens_roles_and_scope(monkeypatch):
+    monkeypatch.setenv("ROLLOUT_AUTH_TOKEN", A)
+    monkeypatch.setenv("ROLLOUT_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("T1_TOKEN", T1)
+    cfg = ServerConfig()
+    cfg.security.tenants = [TenantConfig(name="team1", token_env="T1_TOKEN", policies=["alice", "exp-*"],
+                                         max_sequences=8)]
+    creds = load_credentials(cfg.security, "127.0.0.1")
+    assert creds.role(f"Bearer {T1}") == "tenant:team1" and creds.role(f"Bearer {T2}") is None
+    t = creds.tenant("tenant:team1")
+    assert t.owns("alice") and t.owns("exp-7") and not t.owns("bob") and not t.owns("")
+    check_scope(t, None, "exp-1", "sample")
+    for policy in ("bob", ""):
+        with pytest.raises(ServiceError) as e:
+            check_scope(t, None, policy, "sample")
+        assert e.value.code == grpc.StatusCode.PERMISSION_DENIED and "team1" in str(e.value)
+    assert "admin token" in str(e.value)                         # the base policy
+    check_scope(None, "client", "", "sample")                    # the admin and client tokens: as before
+    monkeypatch.setenv("T1_TOKEN", A)                            # a tenant token equal to the client token
+    with pytest.raises(ValueError, match="must differ"):
+        load_credentials(cfg.security, "127.0.0.1")
+
+
+def seqs(n, name):
+    return [[SeqRequest(seq_id=f"{name}-{i}", prompt_token_ids=[1, 2], max_tokens=20)] for i in range(n)]
+
+
+def test_quota_refuses_a_tenant_beyond_its_sequences():
+    async def main():
+        pool = EnginePool([FakeEngine("e0", step_s=0.002)], max_queue=100)
+        await pool.start()
+        pool.submit("", b"x", seqs(3, "a"), tenant="team1", quota=4)
+        with pytest.raises(ServiceError) as e:
+            pool.submit("", b"y", seqs(2, "b"), tenant="team1", quota=4)
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "team1" in str(e.value)
+        pool.submit("", b"z", seqs(2, "c"), tenant="team2", quota=4)    # another tenant's quota is its own
+        assert pool.tenant_load == {"team1": 3, "team2": 2}
+    asyncio.run(main())
+
+
+def test_fair_gate_gives_a_freed_slot_to_the_tenant_with_fewest_running():
+    async def main():
+        gate = FairGate(2)
+        order = []
+
+        async def one(tenant, i):
+            await gate.acquire("e0", tenant)
+            order.append((tenant, i))
+        await one("flood", 0)
+        await one("flood", 1)                                     # both slots taken
+        waiting = [asyncio.create_task(one("flood", i)) for i in range(2, 6)]
+        await asyncio.sleep(0)
+        small = asyncio.create_task(one("small", 0))
+        await asyncio.sleep(0)
+        gate.release("e0", "flood")
+        await asyncio.sleep(0)
+        assert order[-1] == ("small", 0)                          # ahead of the flood's queued four
+        gate.release("e0", "flood")
+        await asyncio.sleep(0)
+        assert order[-1] == ("flood", 2)
+        waiting[-1].cancel()                                      # a cancelled waiter never takes a slot
+        await asyncio.sleep(0)
+        for _ in range(3):
+            gate.release("e0", "flood" if gate.running["e0"]["flood"] else "small")
+            await asyncio.sleep(0)
+        assert ("flood", 5) not in order and sum(gate.running["e0"].values()) <= 2
+        await small
+        await asyncio.gather(*waiting, return_exceptions=True)
+    asyncio.run(main())
+
+
+def test_pool_with_fair_slots_starts_a_small_tenant_before_a_flood():
+    async def main():
+        eng = FakeEngine("e0", step_s=0.002)
+        pool = EnginePool([eng], max_queue=200, fair_slots=4)
+        await pool.start()
+        flood = pool.submit("", b"f", seqs(24, "flood"), tenant="flood")
+        await asyncio.sleep(0.01)
+        small = pool.submit("", b"s", seqs(1, "small"), tenant="small")
+        await asyncio.wait_for(asyncio.gather(*small.tasks), 5)
+        started = [s.seq_id for s in eng.seen]
+        assert started.index("small-0") <= 8, started            # behind at most one round of the flood's slots
+        assert not flood.done
+        await asyncio.wait_for(asyncio.gather(*flood.tasks), 10)
+        assert pool.tenant_load == {"flood": 0, "small": 0} and pool.tenant_samples == {"flood": 24, "small": 1}
+    asyncio.run(main())
