@@ -102,3 +102,47 @@ def test_pool_with_fair_slots_starts_a_small_tenant_before_a_flood():
         await asyncio.wait_for(asyncio.gather(*flood.tasks), 10)
         assert pool.tenant_load == {"flood": 0, "small": 0} and pool.tenant_samples == {"flood": 24, "small": 1}
     asyncio.run(main())
+
+
+def test_http_dialects_hold_a_tenant_to_its_adapters(tmp_path):
+    """On the vLLM dialect a tenant's token samples its own adapter (`model`), never another tenant's or the base;
+    the adapter endpoints need the admin token."""
+    import httpx
+
+    from rollout_service.model_info import ModelInfo
+    from rollout_service.server.auth import Credentials, Tenant
+    from rollout_service.server.grpc_service import RolloutServicer
+    from rollout_service.server.http_app import build_http_app
+    from rollout_service.validation import Limits
+    from tests.unit.test_adapters import make, push
+
+    async def main():
+        ckpt = tmp_path / "base"
+        ckpt.mkdir()
+        from safetensors.torch import save_file
+
+        from tests.unit.test_adapters import BASE
+        save_file(BASE, str(ckpt / "model.safetensors"))
+        (ckpt / "config.json").write_text("{}")
+        pool, weights, _ = await make(ckpt, engines=1)
+        await push(weights, "alice", 1)
+        await push(weights, "bob", 1)
+        creds = Credentials(A, ADMIN, ((T1, Tenant("team1", ("alice",), 0)),))
+        model = ModelInfo(path=str(ckpt), vocab_size=50, max_model_len=256, tokenizer=None)
+        servicer = RolloutServicer(pool, model, Limits(8, 8), weights, creds=creds)
+        app = build_http_app(servicer, creds)
+        body = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 3, "temperature": 1.0}}
+        auth = {"Authorization": f"Bearer {T1}"}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            r = await c.post("/inference/v1/generate", json=body | {"model": "alice"}, headers=auth)
+            assert r.status_code == 200, r.text
+            for model_name in ("bob", str(ckpt)):
+                r = await c.post("/inference/v1/generate", json=body | {"model": model_name}, headers=auth)
+                assert r.status_code == 403 and "team1" in r.text, r.text
+            r = await c.post("/v1/load_lora_adapter", json={"lora_name": "alice", "lora_path": "/x"}, headers=auth)
+            assert r.status_code == 403
+            r = await c.post("/inference/v1/generate", json=body | {"model": "bob"},
+                             headers={"Authorization": f"Bearer {A}"})      # the client token: anything served
+            assert r.status_code == 200, r.text
+        assert pool.tenant_samples["team1"] == 1
+    asyncio.run(main())

@@ -80,3 +80,27 @@ def test_a_served_policy_other_than_the_trainers_is_reported():
     assert bad and "step 3" in bad and "0.786" in bad and "3.6% truncated" in bad
     assert policy_mismatch(ok | {"is_weight_mean": 0.7, "max_lag_used": 1}) is None     # off-policy by design
     assert policy_mismatch({"step": 0, "max_lag_used": 0}) is None                      # nothing trained
+
+
+def test_lora_trains_only_the_adapter_and_pushes_only_it(policy_dir):
+    """--lora RANK: a PEFT adapter over a frozen base; the step moves only lora_A/lora_B, and the push hands the
+    client the PEFT model (push_adapter sends its adapter's tensors alone) under --policy-name."""
+    t = trainer(policy_dir, "--lora", "4", "--policy-name", "mine")
+    base = {k: v.clone() for k, v in t.policy.base_model.model.state_dict().items() if "lora_" not in k}
+    packed, parts = batch(), t.minibatches(8)
+    t.train(packed, parts, t.recompute(packed, parts))
+    after = t.policy.base_model.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in base.items())                  # the base never moves
+    assert any(float(p.abs().sum()) > 0 for n, p in t.policy.named_parameters() if "lora_B" in n)
+    sent = {}
+
+    class Client:
+        def push_adapter(self, name, adapter, version, dtype=None):
+            sent.update(name=name, version=version, adapter=adapter)
+            return "ok"
+    assert t.push(Client(), None, 3, "wait", None) == "ok"
+    assert sent["name"] == "mine" and sent["version"] == 3 and sent["adapter"] is t.policy
+    from rollout_client.weights import peft_adapter
+
+    tensors, config = peft_adapter(t.policy)
+    assert tensors and all("lora_" in k for k in tensors) and '"r": 4' in config
