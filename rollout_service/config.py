@@ -23,6 +23,7 @@ SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "suffix", "mtp")
 MODEL_FREE_METHODS = ("ngram", "suffix")    # draft from the tokens seen so far: no drafter model, no draft cost
 K_CONTROLS = ("auto", "fixed")
 WEIGHT_RELOADS = ("shadow", "in_place")
+QUANTIZATIONS = ("none", "int8", "fp8", "mxfp8")      # served precisions (engine/quantize.py)
 WEIGHT_TRANSFERS = ("auto", "gloo", "nccl", "ipc", "sparse_nccl", "nccl_m2n", "none")
 DTYPES = ("auto", *TENSOR_DTYPES)                # what the engine computes in; pushes may use it too
 OPEN_BATCH = 1 << 20      # "and above" in a k_by_batch_size range (vLLM clamps ranges to max_num_seqs)
@@ -62,6 +63,10 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         "drafting where verifying costs more than it gains (on CPU, large batches). Bad ranges are refused at "
         "start-up, naming the range", "--k-by-batch-size", shown="`[]` = k at every batch size",
         metavar="FIRST-LAST:K,...") = msgspec.field(default_factory=list)
+    quantization: option(
+        Literal[QUANTIZATIONS],
+        "the drafter's served precision (draft_model only; as engine.quantization); the drafter stays unquantized "
+        "unless set", "--draft-quantization") = "none"
     draft_sampling: option(
         Literal["probabilistic", "greedy"],
         "the drafter samples (probabilistic) or takes its argmax (greedy); both are lossless (draft_model, eagle3, "
@@ -157,6 +162,20 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         "routing replay: `auto` captures the experts every token is routed to when the policy is a mixture of experts "
         "(vLLM's capture; GenerateRequest.return_routed_experts returns them); `off` saves the capture (requests "
         "asking for routes then get FAILED_PRECONDITION)", "--routed-experts") = "auto"
+    quantization: option(
+        Literal[QUANTIZATIONS],
+        "the served precision, applied at start-up and at every commit: trainers push float32 / bfloat16 / float16 "
+        "weights by any path and each engine quantizes them while it prepares the new version (scales from the "
+        "pushed weights; engine/quantize.py). `int8`: W8A8 (compressed-tensors: int8 weights, one scale per output "
+        "channel; int8 activations, one scale per token; oneDNN on CPU); `fp8`, `mxfp8`: vLLM's online quantization, "
+        "GPU nodes only (refused at start-up on CPU). Samples carry the served (quantized) policy's log-probs",
+        "--quantization") = "none"
+    batch_invariant: option(
+        bool, "vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a seeded sample's tokens and log-probs do not "
+              "depend on what else is batched with it. GPU nodes only (Triton); refused at start-up on CPU (there, "
+              "measured: a prefix-cache hit changes nothing; in a batch of 32 the tokens stay the same and the "
+              "log-probs move by up to 2e-6 nats: tests/integration/test_batch_invariance.py)",
+        "--batch-invariant") = False
     speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
 
@@ -427,6 +446,9 @@ def _check(cfg: ServerConfig) -> None:
          f"engine.speculation.model: method {sp.method} needs a drafter directory"),
         (not sp.k_by_batch_size or sp.method != "none",
          "engine.speculation.k_by_batch_size needs a speculation method"),
+        (sp.quantization == "none" or sp.method == "draft_model",
+         f"engine.speculation.quantization (--draft-quantization) {sp.quantization}: only a draft_model drafter is "
+         f"quantized (method is {sp.method})"),
     ]
     lora = cfg.engine.lora
     rules.append((lora.max_rank in LORA_RANKS,

@@ -64,3 +64,75 @@ def routed_experts(model, token_ids: list[int]):
     for i, ids in found.items():
         out[:, i] = ids.reshape(len(token_ids), k).numpy()
     return out
+
+
+def int16_pair_saturation() -> bool:
+    """Whether this CPU's oneDNN int8 GEMM sums pairs of products in saturating int16: x86 without VNNI or AMX, where
+    the GEMM uses vpmaddubsw (u8 x s8 -> the sum of two adjacent products, saturated to int16; the s8 activations are
+    shifted to u8 by +128 and the shift compensated after). Measured on this AVX2 CPU: vLLM's W8A8 layer outputs
+    equal that arithmetic exactly, and differ from exact integer products by up to 15% in single outputs."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return False
+    return not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
+
+
+class _Int8Linear(torch.nn.Module):
+    """An nn.Linear as compressed-tensors W8A8 int8 computes it, written out independently of vLLM's kernels: the
+    weight quantized per output channel (engine/quantize.py's quantize_int8: the served scales), each input row
+    quantized to int8 with its own scale (absmax / 127, rounded half to even), the integer products summed (exactly,
+    or with `saturate` as a CPU without VNNI sums them: int16_pair_saturation), then both scales applied."""
+
+    def __init__(self, linear: torch.nn.Linear, saturate: bool):
+        from rollout_service.engine.quantize import INT8_MAX, quantize_int8
+
+        super().__init__()
+        q, scale = quantize_int8(linear.weight)
+        self.w = q.to(torch.int64)                                   # [out, in]
+        self.w_scale, self.max, self.saturate = scale.t().double(), INT8_MAX, saturate
+        self.bias = None if linear.bias is None else linear.bias.detach().double()
+
+    def _int_product(self, xq: torch.Tensor) -> torch.Tensor:
+        """xq: int64 [rows, in] -> int64 [rows, out]: sum over `in` of xq * w."""
+        if not self.saturate:
+            return xq @ self.w.t()
+        w = self.w if self.w.shape[1] % 2 == 0 else torch.nn.functional.pad(self.w, (0, 1))
+        u = xq + 128                                                 # u8
+        if u.shape[1] % 2:
+            u = torch.nn.functional.pad(u, (0, 1))
+        out = []
+        for rows in u.split(8):                                      # a few rows at a time (memory)
+            prod = rows[:, None, :] * w[None]                        # [rows, out, in]
+            pairs = (prod[..., 0::2] + prod[..., 1::2]).clamp(-32768, 32767)
+            out.append(pairs.sum(-1) - 128 * self.w.sum(-1))
+        return torch.cat(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1]).to(torch.float32)
+        amax = x.abs().amax(dim=-1, keepdim=True)
+        xq = torch.round(x * (self.max / amax.clamp_min(torch.finfo(torch.float32).tiny))).clamp(-self.max, self.max)
+        y = self._int_product(xq.to(torch.int64)).double() * (amax / self.max).double() * self.w_scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(torch.float32).reshape(*shape[:-1], -1)
+
+
+def int8_w8a8(model, saturate: bool | None = None):
+    """The transformers `model` (float) as the int8 engine serves it: every linear layer but the LM head replaced by
+    its W8A8 int8 computation (engine/quantize.py's choice of layers; `saturate`: None = as this CPU's oneDNN sums,
+    int16_pair_saturation). Modifies and returns `model`."""
+    from rollout_service.engine.quantize import quantizes
+
+    saturate = int16_pair_saturation() if saturate is None else saturate
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, torch.nn.Linear) and quantizes(full + ".weight", 2):
+                setattr(module, child_name, _Int8Linear(child, saturate))
+    return model

@@ -149,6 +149,14 @@ PATCHES: tuple[Patch, ...] = (
           "weight pushes to a mixture-of-experts policy on CPU",
           "after any push an MoE policy on CPU serves wrong expert outputs: do not push to MoE policies here",
           ("0.32.0",), ("cpu",), ("v1", "v2"), _module_install("engine.cpu_moe_reload")),
+    Patch("cpu_int8_reload_scales", "engine/cpu_int8_reload.py",
+          "vLLM's CPU int8 W8A8 kernel keeps a pointer to the weight scales its oneDNN handle was built from; the "
+          "layerwise reload copies the processed values into the layer's original tensors and frees the ones the "
+          "handle points to, so a reloaded int8 layer computes garbage (outputs of 1e29 after reloading its own "
+          "weights); the scales are kept alive with the kernel. Not reported upstream yet (docs/upstream.md)",
+          "weight pushes to an int8 policy on CPU (engine.quantization = int8)",
+          "after any push an int8 policy on CPU serves garbage: do not push to int8 policies here",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _module_install("engine.cpu_int8_reload")),
     Patch("v1_routed_experts", "engine/routed_experts.py",
           "vLLM's routed-experts capture (enable_return_routed_experts: router hooks, rows of accepted tokens only, "
           "prefix-cached rows kept by block hash) is driven only by Model Runner V2, which needs Triton; this drives "

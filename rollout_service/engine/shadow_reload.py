@@ -52,6 +52,8 @@ def _shadow_module(module: nn.Module, pairs: list, memo: dict) -> nn.Module:
         return memo[id(module)]
     shadow = copy.copy(module)                       # new object, attributes shared shallowly
     memo[id(module)] = shadow
+    if getattr(module, "scheme", None) is not None:
+        shadow.scheme = _own_scheme(module.scheme)
     shadow._parameters = {n: _own_tensor(p, memo) for n, p in module._parameters.items()}
     shadow._buffers = {n: _own_tensor(b, memo) for n, b in module._buffers.items()}
     shadow._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
@@ -59,6 +61,17 @@ def _shadow_module(module: nn.Module, pairs: list, memo: dict) -> nn.Module:
     shadow._modules = {n: (None if m is None else _shadow_module(m, pairs, memo))
                        for n, m in module._modules.items()}
     return shadow
+
+
+def _own_scheme(scheme):
+    """A quantized layer's own copy of its compressed-tensors scheme (`layer.scheme`): the scheme's kernel keeps the
+    packed weights (on CPU the int8 oneDNN handle, `kernel.dnnl_handler`), not the layer, so a shadow sharing it
+    would re-pack the served layer's kernel while the served model generates. `swap` moves the shadow's scheme (with
+    its packed kernel) into the served module."""
+    scheme = copy.copy(scheme)
+    if getattr(scheme, "kernel", None) is not None:
+        scheme.kernel = copy.copy(scheme.kernel)
+    return scheme
 
 
 def _unwrap_loader(fn):

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from rollout_service.config import OPEN_BATCH, EngineConfig, k_mode
 from rollout_service.engine import lifeline
+from rollout_service.engine import quantize
 from rollout_service.engine.base import Engine, EngineState
-from rollout_service.engine.cpu_env import is_cpu_platform, prepare_cpu_environment, resolve_dtype
+from rollout_service.engine.cpu_env import (extra_environment, is_cpu_platform, prepare_cpu_environment,
+                                            resolve_dtype)
 from rollout_service.engine.types import Routes, SeqRequest, SeqResult, TokenDelta, route_spans
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,8 @@ def speculative_config(sp) -> dict | None:
     out = {"method": sp.method, "num_speculative_tokens": sp.num_speculative_tokens}
     if sp.method in ("draft_model", "eagle3"):
         out["model"] = sp.model
+    if sp.quantization in quantize.GPU_ONLY:          # vLLM's online quantization of the drafter (int8: its checkpoint)
+        out["quantization"] = quantize.GPU_ONLY[sp.quantization]
     if sp.method in ("draft_model", "eagle3", "mtp"):
         out["draft_sample_method"] = sp.draft_sampling
     if sp.method == "ngram":
@@ -46,6 +50,29 @@ def speculative_config(sp) -> dict | None:
 K_SCHEDULER = "rollout_service.speculation.k_scheduler.KControlledScheduler"
 
 
+def check_supported(cfg: EngineConfig, moe: bool) -> None:
+    """Refuse at start-up, naming the flag, what the engines here cannot serve: fp8 / mxfp8 and batch-invariant
+    kernels where vLLM does not build them (this CPU), int8 for a mixture of experts (not built here)."""
+    from rollout_service.config import ConfigError
+
+    cpu = is_cpu_platform()
+    for field, flag, method in (("engine.quantization", "--quantization", cfg.quantization),
+                                ("engine.speculation.quantization", "--draft-quantization",
+                                 cfg.speculation.quantization)):
+        if method in quantize.GPU_ONLY and cpu:
+            raise ConfigError(f"{field} ({flag}) {method} needs GPU nodes: vLLM 0.32 does not build its {method} "
+                              "kernels for CPU (_C::static_scaled_fp8_quant is missing); on this CPU use int8 "
+                              "(W8A8, oneDNN)")
+    if cfg.quantization == "int8" and moe:
+        raise ConfigError("engine.quantization (--quantization) int8 serves dense policies only: its checkpoint "
+                          "quantizes linear layers, not a mixture of experts' fused experts; use fp8 on GPU nodes")
+    if cfg.batch_invariant and cpu:
+        raise ConfigError("engine.batch_invariant (--batch-invariant) needs GPU nodes: vLLM's batch-invariant kernels "
+                          "(VLLM_BATCH_INVARIANT=1) are written in Triton, which vLLM's CPU build lacks. On this CPU "
+                          "the default float32 kernels already gave bit-identical seeded samples alone, in a batch "
+                          "and from the prefix cache (tests/integration/test_batch_invariance.py)")
+
+
 def transfer_backend(choice: str) -> str:
     """engine.weight_transfer -> the vLLM weight-transfer backend: `auto` is gloo on CPU, nccl on GPUs."""
     if choice != "auto":
@@ -61,6 +88,8 @@ class VllmEngine(Engine):
         self.model_path = model_path
         self.cfg = cfg
         self.llm = None
+        self.served_path = model_path            # what vLLM loads: the int8 copy with engine.quantization = int8
+        self.draft_path = cfg.speculation.model
 
     @property
     def captures_routes(self) -> bool:
@@ -91,14 +120,18 @@ class VllmEngine(Engine):
         if lora.max_adapters:          # LoRA adapters as policies: every loaded version fits the worker's cache
             extra.update(enable_lora=True, max_lora_rank=lora.max_rank, max_loras=lora.per_batch(),
                          max_cpu_loras=max(lora.per_batch(), lora.max_adapters * (lora.versions_kept + 1)))
+        if self.cfg.quantization in quantize.GPU_ONLY:     # vLLM quantizes the float checkpoint as it loads
+            extra.update(quantization=quantize.GPU_ONLY[self.cfg.quantization])
         spec = speculative_config(self.cfg.speculation)
+        if spec is not None and "model" in spec:
+            spec["model"] = self.draft_path
         if spec is not None:
             extra.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
             if k_mode(self.cfg.speculation) == "auto":
                 extra.update(scheduler_cls=K_SCHEDULER)
         return AsyncEngineArgs(
             **extra,
-            model=self.model_path,
+            model=self.served_path,
             tokenizer=self.model_path,
             dtype=resolve_dtype(self.cfg.dtype),
             max_model_len=self.cfg.max_model_len,
@@ -123,11 +156,19 @@ class VllmEngine(Engine):
             prepare_cpu_environment(self.cfg.kv_cache_gb)
         lifeline.mark_front_end()      # whatever process starts an engine (server, bench, check): it dies with it
         self.state = EngineState.STARTING
-        log.info("%s: starting vLLM on %s", self.id, self.model_path)
+        sp = self.cfg.speculation
+        # the served precision's checkpoint (int8: the float checkpoint quantized, written once and cached)
+        self.served_path = await asyncio.to_thread(quantize.served_checkpoint, self.model_path, self.cfg.quantization)
+        if sp.method == "draft_model" and sp.model:
+            self.draft_path = await asyncio.to_thread(quantize.served_checkpoint, sp.model, sp.quantization)
+        log.info("%s: starting vLLM on %s%s", self.id, self.model_path,
+                 f" (served in {self.cfg.quantization}: {self.served_path})" if self.cfg.quantization != "none" else "")
         # Off the event loop: start-up blocks ~30 s (engine process, model load), and a restart must not
         # freeze the server (status, health, the other engines' streams). AsyncLLM starts its output
         # handler lazily on the loop that first uses it.
-        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args())
+        env = {"VLLM_BATCH_INVARIANT": "1"} if self.cfg.batch_invariant else None
+        with extra_environment(env):
+            self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args())
         await self.llm.update_weight_version(str(self.policy_version))
         if self.draft_version:                       # a restart at a committed drafter: label the controller's data
             await self._spec_control("drafter", self.draft_version)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from rollout_service.engine import lifeline  # noqa: F401 - this worker's engine dies with the server
-from rollout_service.engine import patches, shadow_reload
+from rollout_service.engine import patches, quantize, shadow_reload
 
 log = logging.getLogger(__name__)
 # Imported by every vLLM worker after vLLM registered its CPU kernels: every patch that applies here, from the one
@@ -255,7 +255,11 @@ def _reload(vllm_config, model, model_config, feed) -> tuple[int, dict]:
             count += 1
             yield item
 
+    quantized = _quantized_names(model_config)
+
     def load(items):
+        if quantized:                     # the served precision: int8 tensors and scales from the pushed floats
+            items = quantize.quantized_items(items, quantized, model_config.dtype)
         model.load_weights(counted(items))
     with set_current_vllm_config(vllm_config):
         initialize_layerwise_reload(model)
@@ -265,6 +269,21 @@ def _reload(vllm_config, model, model_config, feed) -> tuple[int, dict]:
         _refresh_tied_head(model, model_config)
         phases["finalize"] = time.perf_counter() - t
     return count, phases
+
+
+_quantized_cache: dict[str, frozenset[str]] = {}
+
+
+def _quantized_names(model_config) -> frozenset[str]:
+    """The checkpoint names this model serves in int8 (engine.quantization = int8: the served checkpoint is
+    engine/quantize.py's, with a `<name>_scale` beside each); empty for a float model, and for vLLM's own online
+    quantization (fp8, mxfp8: its process_weights_after_loading quantizes the floats loaded)."""
+    path = str(model_config.model)
+    if path not in _quantized_cache:
+        qc = getattr(model_config.hf_config, "quantization_config", None) or {}
+        ours = isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors"
+        _quantized_cache[path] = quantize.quantized_names_of(path) if ours else frozenset()
+    return _quantized_cache[path]
 
 
 class _ReloadNotes(logging.Filter):

@@ -59,10 +59,17 @@ class Telemetry:
             "engine), moved_unavailable / moved_overloaded (least-loaded instead; the session moved), started (a "
             "session not known)", ["outcome"], registry=r)
         self.m_sessions = Gauge("rollout_sessions", "Sessions remembered for routing", registry=r)
+        self.m_precision = Gauge("rollout_served_precision", "1 under the served precision (engine.quantization; "
+                                 "Status.quantization): the policy's and the drafter's, the engine's float dtype",
+                                 ["method", "drafter_method", "dtype", "batch_invariant"], registry=r)
         self.last_push: dict = {}                      # path, target, bytes, seconds, pause_s of the last commit
         r.register(_KControlCollector(self))
         self.patches_of = list                        # -> engine/patches.py's report (EnginePool sets it)
         r.register(_PatchCollector(self))
+
+    def served_precision(self, p: dict) -> None:
+        """Status.quantization's fields (engine/quantize.py describe) as rollout_served_precision."""
+        self.m_precision.labels(p["method"], p["drafter_method"], p["dtype"], str(p["batch_invariant"]).lower()).set(1)
 
     def push_committed(self, path: str, target: str, num_bytes: int, seconds: float, pause_s: float) -> None:
         self.m_pushes.labels(path, "committed").inc()

@@ -20,6 +20,7 @@ from rollout_service.api import pb
 from rollout_service.config import ServerConfig
 from rollout_service.engine import lifeline
 from rollout_service.engine.base import Engine
+from rollout_service.engine.quantize import describe
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.scaling import Scaler
@@ -101,8 +102,10 @@ class RolloutServer:
                                session_max_imbalance=cfg.sessions.max_imbalance, state_dir=cfg.state_dir,
                                lora=cfg.engine.lora,
                                fair_slots=cfg.engine.max_num_seqs if cfg.security.tenants else 0)
+        quantized = frozenset(t for t, q in (("policy", cfg.engine.quantization), ("drafter", sp.quantization))
+                              if q != "none")
         self.weights = WeightService.create(self.pool, serving_dtype(cfg, model.path),
-                                            weights_roots=weights_roots(cfg))
+                                            weights_roots=weights_roots(cfg), quantized=quantized)
         self.creds = load_credentials(cfg.security, cfg.host)
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens,
                         cfg.max_top_logprobs,
@@ -112,6 +115,10 @@ class RolloutServer:
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
                                         max_streams_per_client=cfg.max_streams_per_client, creds=self.creds,
                                         transfer=self.transfer)
+        self.servicer.precision = describe(cfg.engine.quantization, serving_dtype(cfg, model.path),
+                                           sp.quantization if drafter and sp.method == "draft_model" else "",
+                                           cfg.engine.batch_invariant)
+        self.pool.telemetry.served_precision(self.servicer.precision)
         self.health = HealthServicer(("", SERVICE_NAME))
         limit = cfg.max_message_mb * 1024 * 1024
         # gRPC's receive cap sits well above max_message_mb (and above the client's 4 MiB push chunks) so
@@ -201,6 +208,10 @@ async def serve(cfg: ServerConfig, model_path: str, factory: Callable[[str], Eng
     freed = sweep_stale_roots()
     if freed:
         log.info("removed %.1f MB of weight-push staging left by server processes that no longer run", freed / 1e6)
+    if factory is None:
+        from rollout_service.engine.vllm_engine import check_supported
+
+        check_supported(cfg.engine, moe=model.moe is not None)     # fp8 or batch invariance on CPU: ConfigError
     server = RolloutServer(cfg, model, factory or engine_factory(cfg, model_path))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -30,6 +30,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                  max_streams_per_client: int = 64, creds: Credentials | None = None,
                  transfer: WeightTransfer | None = None):
         self.speculation = speculation or SpeculationConfig()
+        self.precision: dict = {}          # Status.quantization (engine/quantize.py describe); set by the server
         self.scaler = scaler
         self.max_streams_per_client = max_streams_per_client
         self.creds = creds
@@ -115,6 +116,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         k = sp.num_speculative_tokens if sp.method != "none" else 0
         status = status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
                                  sp.method, k, sp.draft_cost, k_mode(sp), self.model.moe, self.routes_capture())
+        if self.precision:
+            status.quantization.CopyFrom(pb.Quantization(**self.precision))
         if self.transfer.group is not None:
             status.weight_transfer.CopyFrom(group_to_proto(self.transfer.group))
         elif self.transfer.last_error:             # why the last group closed (a trainer gone, a push failed)

@@ -13,6 +13,9 @@ from rollout_service.wire import FROM_SAFETENSORS_CODE
 
 
 
+FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     dtype: str                 # contract dtype name ("bfloat16", ...)
@@ -24,9 +27,13 @@ class Manifest:
     tensors: dict[str, TensorSpec]
     ignored: frozenset[str]    # names a trainer's state_dict carries that the checkpoint does not (tied lm_head)
     serving_dtype: str         # the dtype the engine computes in (a push may also use this dtype)
+    quantized: bool = False    # served quantized (engine.quantization): the engine converts any float push
 
     def allowed_dtypes(self, name: str) -> set[str]:
-        return {self.tensors[name].dtype, self.serving_dtype}
+        own = {self.tensors[name].dtype, self.serving_dtype}
+        if self.quantized and own <= FLOAT_DTYPES:
+            return set(FLOAT_DTYPES)
+        return own
 
     def check_tensor(self, name: str, dtype: str, shape: tuple[int, ...], where: str = "") -> bool:
         """Raise INVALID_ARGUMENT unless `name` is a model tensor of this shape and an accepted dtype.
@@ -90,10 +97,10 @@ def read_headers(files: list[Path]) -> dict[str, tuple[TensorSpec, int]]:
     return out
 
 
-def read_manifest(model_dir: str | Path, serving_dtype: str) -> Manifest:
+def read_manifest(model_dir: str | Path, serving_dtype: str, quantized: bool = False) -> Manifest:
     model_dir = Path(model_dir)
     tensors = {name: spec for name, (spec, _) in read_headers(safetensors_files(model_dir)).items()}
     config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").exists() else {}
     ignored = frozenset({"lm_head.weight"}) if config.get("tie_word_embeddings") and \
         "lm_head.weight" not in tensors else frozenset()
-    return Manifest(tensors, ignored, serving_dtype)
+    return Manifest(tensors, ignored, serving_dtype, quantized)

@@ -85,9 +85,11 @@ class WeightService:
         self.adapters = AdapterCommitter(committer.pool)
 
     @classmethod
-    def create(cls, pool, serving_dtype: str, *, weights_roots: list[str]) -> "WeightService":
-        """Pushes to the targets the pool was given checkpoints for, validated against their manifests."""
-        manifests = {t: read_manifest(str(ckpt), serving_dtype)
+    def create(cls, pool, serving_dtype: str, *, weights_roots: list[str],
+               quantized: frozenset[str] = frozenset()) -> "WeightService":
+        """Pushes to the targets the pool was given checkpoints for, validated against their manifests. `quantized`:
+        the targets served quantized, which take any float dtype (the engines quantize what arrives)."""
+        manifests = {t: read_manifest(str(ckpt), serving_dtype, t in quantized)
                      for t, ckpt in pool.committed.checkpoints.items() if ckpt is not None}
         return cls(WeightCommitter(pool), manifests, weights_roots)
 
@@ -129,8 +131,10 @@ class WeightService:
             self._check_header(header)
         manifest = spec.manifest if spec is not None else self.manifests[header.target]
         # cancelled while the file is made, the thread goes on and its file is given up when it is done
+        # an adapter stages apart: a full push's spare file (scratch.recycle) stays for the next full push
+        folder = scratch_root() if spec is None else scratch_root() / "adapter-staging"
         stager = await run_to_end(asyncio.to_thread(Stager, manifest, header.total_bytes,
-                                                    header.sha256, header.partial, scratch_root()),
+                                                    header.sha256, header.partial, folder),
                                   "staging start",
                                   orphaned=lambda st: asyncio.get_running_loop().run_in_executor(None, st.discard))
         # Hashing and copying into the staging file run in a thread (hashlib and the copies release the GIL),

@@ -54,6 +54,24 @@ def test_importance_weight_corrects_the_rollout_gap_and_is_truncated():
     assert st.truncated_fraction == pytest.approx(1 / 3)
 
 
+@pytest.mark.parametrize("correction, weights, outside", [
+    ("tis", [1.0, 0.5, 2.0, 1.0 / 3], 1 / 4),     # truncated above the cap only
+    ("mis", [1.0, 0.5, 0.0, 0.0], 2 / 4),         # r = 10 and r = 1/3 are outside [1/2, 2]: dropped
+    ("none", [1.0, 1.0, 1.0, 1.0], 2 / 4)])       # weight 1; the fraction out of range is still reported
+def test_rollout_corrections_weigh_each_token_by_pi_old_over_pi_rollout(correction, weights, outside):
+    logp = torch.zeros(1, 4, requires_grad=True)
+    roll = torch.tensor([[0.0, np.log(2.0), -np.log(10.0), np.log(3.0)]])   # r = pi_old / pi_rollout: 1, 1/2, 10, 1/3
+    loss, st = _loss(logp, logp.detach(), roll, torch.tensor([1.0]), is_cap=2.0, correction=correction)
+    loss.backward()
+    assert torch.allclose(-logp.grad[0] * 4, torch.tensor(weights))
+    assert st.truncated_fraction == pytest.approx(outside)
+    d = -roll[0].double()                                                   # log r
+    assert st.logp_mismatch == pytest.approx(float(d.abs().mean()))
+    assert st.kl_k3 == pytest.approx(float((torch.expm1(d) - d).mean()), rel=1e-5) and st.kl_k3 > 0
+    with pytest.raises(ValueError, match="rollout correction 'ppo'"):
+        _loss(logp, logp.detach(), roll, torch.tensor([1.0]), correction="ppo")
+
+
 def test_masked_tokens_do_not_count():
     logp = torch.zeros(1, 3, requires_grad=True)
     mask = torch.tensor([[True, False, True]])

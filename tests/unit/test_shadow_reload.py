@@ -126,3 +126,23 @@ def test_released_shadow_is_freed_without_the_cyclic_collector():
     finally:
         gc.enable()
     assert torch.equal(net[0].weight, net[0].weight) and net[1].weight.numel() == 16   # served model intact
+
+
+def test_a_quantized_layers_kernel_is_its_own_in_the_shadow():
+    """compressed-tensors keeps a layer's packed weights on `layer.scheme.kernel` (CPU int8: the oneDNN handle), not
+    on the layer: the shadow's processing must re-pack its own kernel, and the served one only changes at the swap."""
+    class Kernel:
+        dnnl_handler = "packed-v0"
+
+    class Scheme:
+        def __init__(self):
+            self.kernel = Kernel()
+
+    net = Net()
+    net.blocks[0].proj.scheme = Scheme()
+    served_kernel = net.blocks[0].proj.scheme.kernel
+    shadow = make_shadow(net)
+    shadow.root.blocks[0].proj.scheme.kernel.dnnl_handler = "packed-v1"       # what the reload's processing does
+    assert served_kernel.dnnl_handler == "packed-v0" and net.blocks[0].proj.scheme.kernel is served_kernel
+    swap(shadow)
+    assert net.blocks[0].proj.scheme.kernel.dnnl_handler == "packed-v1"

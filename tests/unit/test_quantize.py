@@ -1,0 +1,120 @@
+"""engine/quantize.py (the int8 served precision: what a commit does to pushed float weights), the manifest of a
+quantized target, start-up refusals, and the reference int8 forward pass the integration tests compare with."""
+import json
+
+import pytest
+import torch
+
+from rollout_service.config import ConfigError, EngineConfig, load_config
+from rollout_service.drafting.reference import _Int8Linear, int8_w8a8
+from rollout_service.engine import quantize
+from rollout_service.weights.manifest import Manifest, TensorSpec
+
+
+def test_int8_weights_one_symmetric_scale_per_output_channel():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 40, generator=g) * torch.tensor([0.01, 0.1, 1, 10, 100, 0])[:, None]
+    q, scale = quantize.quantize_int8(w)
+    assert q.dtype == torch.int8 and q.shape == w.shape and scale.dtype == torch.float32 and scale.shape == (6, 1)
+    torch.testing.assert_close(scale[:5, 0], w[:5].abs().amax(1) / 127)
+    assert q.abs().max() == 127 and torch.all(q[5] == 0) and scale[5, 0] > 0          # an all-zero row stays zero
+    assert torch.all((q.float() * scale - w).abs() <= scale / 2 + 1e-6)              # round to nearest
+    qb, sb = quantize.quantize_int8(w.to(torch.bfloat16))                              # bf16 in: scales in float32
+    assert sb.dtype == torch.float32 and (qb.int() - q.int()).abs().max() <= 1
+
+
+def test_quantized_items_quantize_the_named_and_cast_the_rest():
+    w, emb = torch.randn(4, 8), torch.randn(10, 8, dtype=torch.bfloat16)
+    out = dict(quantize.quantized_items([("l.weight", w), ("embed.weight", emb), ("ids", torch.arange(3))],
+                                        frozenset({"l.weight"}), torch.float32))
+    assert set(out) == {"l.weight", "l.weight_scale", "embed.weight", "ids"}
+    assert out["l.weight"].dtype == torch.int8 and out["embed.weight"].dtype == torch.float32
+    assert out["ids"].dtype == torch.int64
+    with pytest.raises(ValueError, match="l.weight.*float"):
+        list(quantize.quantized_items([("l.weight", w.to(torch.int8))], frozenset({"l.weight"}), torch.float32))
+
+
+def test_which_checkpoint_tensors_int8_quantizes():
+    assert quantize.quantizes("model.layers.0.self_attn.q_proj.weight", 2)
+    assert quantize.quantizes("model.layers.3.mlp.down_proj.weight", 2)
+    for name, ndim in (("model.embed_tokens.weight", 2), ("lm_head.weight", 2), ("model.norm.weight", 1),
+                       ("model.layers.0.input_layernorm.weight", 1), ("model.layers.0.self_attn.q_proj.bias", 1)):
+        assert not quantize.quantizes(name, ndim), name
+
+
+def test_the_int8_checkpoint_holds_scales_beside_each_linear_weight(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "float"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": True}))
+    (src / "tokenizer.json").write_text("{}")
+    w = torch.randn(8, 4)
+    save_file({"model.layers.0.mlp.up_proj.weight": w, "model.embed_tokens.weight": torch.randn(16, 4),
+               "model.norm.weight": torch.ones(4)}, str(src / "model.safetensors"))
+    out = quantize.write_checkpoint(src, tmp_path / "int8")
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert config["quantization_config"]["ignore"] == ["lm_head"] and (out / "tokenizer.json").is_file()
+    got = {k: v for f in out.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    q, scale = quantize.quantize_int8(w)
+    assert torch.equal(got["model.layers.0.mlp.up_proj.weight"], q)
+    assert torch.equal(got["model.layers.0.mlp.up_proj.weight_scale"], scale)
+    assert got["model.embed_tokens.weight"].dtype == torch.float32 and "model.norm.weight_scale" not in got
+    assert quantize.quantized_names_of(out) == {"model.layers.0.mlp.up_proj.weight"}
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize.write_checkpoint(out, tmp_path / "again")
+
+
+def test_a_quantized_target_takes_any_float_dtype():
+    tensors = {"w": TensorSpec("float32", (2, 2)), "ids": TensorSpec("int64", (2,))}
+    plain = Manifest(tensors, frozenset(), "float32")
+    assert plain.allowed_dtypes("w") == {"float32"}
+    q = Manifest(tensors, frozenset(), "float32", quantized=True)
+    assert q.allowed_dtypes("w") == {"float32", "bfloat16", "float16"}
+    assert q.allowed_dtypes("ids") == plain.allowed_dtypes("ids")                   # not a float: as before
+    assert q.check_tensor("w", "bfloat16", (2, 2))
+
+
+def test_status_says_what_is_served():
+    d = quantize.describe("int8", "float32", "none", False)
+    assert d["method"] == "int8" and d["scheme"] == "compressed-tensors w8a8" and d["dtype"] == "float32"
+    assert "per output channel" in d["weights"] and "per token" in d["activations"]
+    assert quantize.describe("none", "bfloat16")["scheme"] == ""
+
+
+def test_config_and_start_up_refusals_name_the_flag(monkeypatch):
+    assert load_config(**{"engine.quantization": "int8"}).engine.quantization == "int8"
+    with pytest.raises(ConfigError, match="engine.quantization must be one of none, int8, fp8, mxfp8"):
+        load_config(**{"engine.quantization": "int4"})
+    with pytest.raises(ConfigError, match="--draft-quantization.*draft_model"):
+        load_config(**{"engine.speculation.quantization": "int8"})
+    pytest.importorskip("vllm")
+    from rollout_service.engine import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: True)
+    for cfg, needle in ((EngineConfig(quantization="fp8"), r"engine.quantization \(--quantization\) fp8 needs GPU"),
+                        (EngineConfig(quantization="mxfp8"), "mxfp8 needs GPU nodes"),
+                        (EngineConfig(batch_invariant=True), r"--batch-invariant\) needs GPU nodes.*Triton")):
+        with pytest.raises(ConfigError, match=needle):
+            vllm_engine.check_supported(cfg, moe=False)
+    with pytest.raises(ConfigError, match="int8 serves dense policies only"):
+        vllm_engine.check_supported(EngineConfig(quantization="int8"), moe=True)
+    vllm_engine.check_supported(EngineConfig(quantization="int8"), moe=False)
+    monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)                # GPU nodes: passed to vLLM
+    vllm_engine.check_supported(EngineConfig(quantization="fp8", batch_invariant=True), moe=False)
+
+
+def test_the_reference_int8_layer_models_the_cpus_int16_pair_saturation():
+    """Without saturation the reference is exact integer W8A8; with it, each adjacent pair of u8 x s8 products is
+    clipped to int16 (vpmaddubsw): a row with large activations on large weights differs, a small one does not."""
+    lin = torch.nn.Linear(4, 2, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 1.0, 0.5, 0.0], [0.01, -0.01, 0.02, 1.0]]))
+    x = torch.tensor([[1.0, 1.0, 0.0, -1.0]])          # u8 = x_q + 128: 255, 255 on weights 127, 127: 64770 > 32767
+    exact, sat = _Int8Linear(lin, saturate=False)(x), _Int8Linear(lin, saturate=True)(x)
+    torch.testing.assert_close(exact, lin(x), atol=0.02, rtol=0.02)
+    assert sat[0, 0] < exact[0, 0] - 0.5 and torch.allclose(sat[0, 1], exact[0, 1])
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    int8_w8a8(model, saturate=False)
+    assert isinstance(model[0], _Int8Linear)
