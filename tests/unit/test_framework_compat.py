@@ -124,3 +124,26 @@ def test_return_tokens_as_token_ids_server_default(build):
         r = (await c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "logprobs": 0})).json()
         assert r["choices"][0]["logprobs"]["tokens"][0].startswith("token_id:")
     asyncio.run(main())
+
+
+def test_sglang_flush_cache_by_get_while_paused_and_model_info(build, monkeypatch):
+    """slime's engine calls GET /flush_cache between /update_weights_from_disk and /continue_generation (paused), as
+    SGLang serves it; sglang-router asks /model_info (SGLang's newer name of /get_model_info) first."""
+    from tests.fake_engine import FakeEngine
+
+    flushed = []
+
+    async def reset(self):
+        flushed.append(self.state.name)
+        return True
+    monkeypatch.setattr(FakeEngine, "reset_prefix_cache", reset)
+
+    async def main():
+        _, _, c = await build()
+        assert (await c.post("/pause_generation", json={})).status_code == 200
+        r = await c.get("/flush_cache")
+        assert r.status_code == 200 and r.text == "Cache flushed." and flushed == ["PAUSED"]
+        assert (await c.post("/continue_generation")).status_code == 200
+        assert (await c.post("/flush_cache")).status_code == 200 and flushed == ["PAUSED", "READY"]
+        assert (await c.get("/model_info")).json() == (await c.get("/get_model_info")).json()
+    asyncio.run(main())

@@ -230,7 +230,11 @@ class Gateway:
         return aborted
 
     async def reset_prefix_cache(self) -> bool:
-        done = await asyncio.gather(*(e.reset_prefix_cache() for e in self.pool.engines if e.state.name == "READY"))
+        """Every serving engine's prefix cache, paused ones too (SGLang flushes while generation is paused: slime
+        calls /flush_cache between /update_weights_from_disk and /continue_generation); False where one refused
+        (vLLM does while requests hold cache blocks)."""
+        live = ("READY", "PAUSED")
+        done = await asyncio.gather(*(e.reset_prefix_cache() for e in self.pool.engines if e.state.name in live))
         return bool(done) and all(done)
 
 

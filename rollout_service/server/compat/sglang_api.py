@@ -270,6 +270,7 @@ async def health_generate(request: Request):
 
 
 @router.get("/get_model_info")
+@router.get("/model_info")                   # SGLang's newer name (sglang-router asks it first)
 def model_info(request: Request) -> dict:
     gw = gateway(request)
     return {"model_path": gw.model.path, "tokenizer_path": gw.model.path, "is_generation": True,
@@ -335,7 +336,7 @@ async def abort_request(request: Request):
     return {"aborted": gateway(request).abort(None if f.bool("abort_all") else [rid])}
 
 
-@router.post("/flush_cache")
+@router.api_route("/flush_cache", methods=["GET", "POST"])         # as SGLang (slime's engine sends a GET)
 @answers_errors
 async def flush_cache(request: Request):
     if not await gateway(request).reset_prefix_cache():
