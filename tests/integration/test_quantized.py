@@ -1,0 +1,111 @@
+"""A served precision (engine.quantization = int8) on a real engine: samples carry the quantized policy's log-probs
+(against an independent int8 forward pass, drafting/reference.py int8_w8a8), and every push path (PushWeights in
+float32 and bfloat16, LoadWeights, TransferWeights) is quantized at commit with scales from the pushed weights.
+One service for the module (one engine start)."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from rollout_client import RolloutClient
+from rollout_client.transfer import WeightSync
+
+from rollout_service.drafting.reference import int8_w8a8, processed_logprobs
+from tests.integration.services import running_service
+from tests.integration.test_weights import PROMPTS, perturb
+
+# Served int8 log-probs against the independent int8 forward pass, measured on this tiny model on this CPU
+# (2026-11-27): per token typically 1e-5 nats (median), 90% below 1e-4; a few tokens up to 1.7e-3 after larger
+# pushes (not explained: the reference models oneDNN's int16 pair saturation, which reproduces single layers exactly;
+# docs/contract.md). The float32 policy is 3.7e-3 nats away on average before any push. The bounds leave 2-3x room.
+MEDIAN_TOLERANCE, P90_TOLERANCE, MAX_TOLERANCE = 5e-5, 3e-4, 5e-3
+
+
+@pytest.fixture(scope="module")
+def qservice(tiny_model, tmp_path_factory):
+    with running_service(tiny_model, tmp_path_factory.mktemp("logs") / "quantized.log", "--quantization", "int8",
+                         "--weights-root", str(tmp_path_factory.getbasetemp())) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def qclient(qservice):
+    with RolloutClient(qservice.target) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+def assert_serves_int8(client, model, version: int) -> None:
+    """Seeded samples' log-probs are the int8 model's (within the measured bounds above) and not the float model's."""
+    quantized = int8_w8a8(copy.deepcopy(model))
+    groups = client.generate_all(PROMPTS, n=2, max_tokens=12, ignore_eos=True, temperature=1.0, seed=7)
+    to_int8, to_float = [], []
+    for p, group in enumerate(groups):
+        for s in group:
+            assert s.policy_version == version
+            tokens = s.token_ids.tolist()
+            to_int8.append(np.abs(s.logprobs - processed_logprobs(quantized, PROMPTS[p], tokens, 1.0, 0, 1.0).numpy()))
+            to_float.append(np.abs(s.logprobs - processed_logprobs(model, PROMPTS[p], tokens, 1.0, 0, 1.0).numpy()))
+    to_int8, to_float = np.concatenate(to_int8), np.concatenate(to_float)
+    stats = (f"served vs int8 reference: median {np.median(to_int8):.1e}, p90 {np.quantile(to_int8, 0.9):.1e}, "
+             f"max {to_int8.max():.1e} nats; vs float32: mean {to_float.mean():.1e}")
+    assert np.median(to_int8) < MEDIAN_TOLERANCE and np.quantile(to_int8, 0.9) < P90_TOLERANCE, stats
+    assert to_int8.max() < MAX_TOLERANCE, stats
+    assert to_float.mean() > 10 * to_int8.mean() and to_float.mean() > 1e-3, stats + " (not quantized?)"
+
+
+def test_status_and_metrics_say_int8(qservice, qclient):
+    q = qclient.status().quantization
+    assert (q.method, q.scheme, q.dtype, q.batch_invariant) == ("int8", "compressed-tensors w8a8", "float32", False)
+    assert "per output channel" in q.weights and "per token" in q.activations
+    code, body = qservice.http_get("/metrics")
+    assert code == 200
+    assert 'rollout_served_precision{batch_invariant="false",drafter_method="",dtype="float32",method="int8"} 1.0' \
+        in body
+    patches = {p.name: p.state for p in qclient.status().patches}
+    assert patches["cpu_int8_reload_scales"] == "applied"
+
+
+def test_samples_carry_the_quantized_policys_logprobs(qclient, trainer):
+    assert_serves_int8(qclient, trainer, 0)
+
+
+def test_float32_and_bfloat16_pushes_are_quantized_at_commit(qclient, trainer):
+    perturb(trainer, seed=21, scale=0.3)
+    v = qclient.status().policy_version + 1
+    assert qclient.push_weights(trainer, v).version == v
+    assert_serves_int8(qclient, trainer, v)
+    perturb(trainer, seed=22, scale=0.3)
+    with torch.no_grad():                         # a bf16 trainer: the engine quantizes what it receives
+        for p in trainer.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    assert qclient.push_weights(trainer, v + 1, dtype=torch.bfloat16).version == v + 1
+    assert_serves_int8(qclient, trainer, v + 1)
+
+
+def test_load_weights_and_transfer_weights_are_quantized_at_commit(qclient, trainer, tmp_path):
+    from safetensors.torch import save_file
+
+    perturb(trainer, seed=23, scale=0.3)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in trainer.state_dict().items()},
+              str(tmp_path / "model.safetensors"))
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    v = qclient.status().policy_version + 1
+    assert qclient.load_weights(str(tmp_path), v).version == v
+    assert_serves_int8(qclient, trainer, v)
+    perturb(trainer, seed=24, scale=0.3)
+    sync = WeightSync(qclient, timeout_s=20)
+    sync.connect(timeout=60)
+    try:
+        assert sync.push(trainer, v + 1).version == v + 1
+    finally:
+        sync.close()
+    assert_serves_int8(qclient, trainer, v + 1)
