@@ -147,3 +147,50 @@ def test_sglang_flush_cache_by_get_while_paused_and_model_info(build, monkeypatc
         assert (await c.post("/flush_cache")).status_code == 200 and flushed == ["PAUSED", "READY"]
         assert (await c.get("/model_info")).json() == (await c.get("/get_model_info")).json()
     asyncio.run(main())
+
+
+def test_verl_server_manager_reads_sampling_as_verls_vllm_server(monkeypatch):
+    """rollout_client.verl.ServerManager (verl's server_manager on gRPC Generate): max_tokens as verl's vLLM server
+    bounds it, logprobs a flag, top_k -1 for off, penalties and multimodal inputs refused naming the field, the
+    policy versions in TokenOutput's extra fields. verl's TokenOutput is stood in for (importing verl takes seconds)."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from rollout_client.types import Sample
+    from rollout_client.verl import ServerManager
+
+    replica = types.ModuleType("verl.workers.rollout.replica")
+    replica.TokenOutput = lambda **kw: types.SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "verl.workers.rollout.replica", replica)
+    sent = {}
+
+    async def generate_all(prompts, **kw):
+        sent.update(kw, prompts=prompts)
+        return [[Sample(prompt_index=0, sample_index=0, token_ids=np.array([5, 6]), logprobs=np.array([-1.0, -2.0]),
+                        finish_reason="abort", stop_string="", policy_version=4, version_spans=[(3, 0), (4, 1)],
+                        draft_version=0, num_drafted=0, num_accepted=0, text="", num_prompt_tokens=2)]]
+
+    async def main():
+        manager = ServerManager("127.0.0.1:1", {"prompt_length": 10, "response_length": 6, "max_model_len": 20})
+        assert manager.max_tokens({}, 8) == 6 and manager.max_tokens({}, 12) == 4        # the response budget
+        assert manager.max_tokens({"max_tokens": 50}, 8) == 12                           # within the context
+        assert manager.max_tokens({"max_new_tokens": 3}, 8) == 3
+        with pytest.raises(ValueError, match="prompt_ids"):
+            manager.max_tokens({}, 20)
+        monkeypatch.setattr(manager.client, "generate_all", generate_all)
+        out = await manager.generate("req-1", prompt_ids=[1, 2], sampling_params={
+            "temperature": 0.7, "top_k": -1, "top_p": 0.9, "logprobs": True, "repetition_penalty": 1.0})
+        assert out.token_ids == [5, 6] and out.log_probs == [-1.0, -2.0] and out.stop_reason == "aborted"
+        assert out.extra_fields == {"global_steps": 4, "min_global_steps": 3, "max_global_steps": 4}
+        assert sent["prompts"] == [[1, 2]] and sent["top_k"] == 0 and sent["max_tokens"] == 6
+        assert sent["session_id"] == "req-1" and sent["temperature"] == 0.7 and sent["return_partial"]
+        out = await manager.generate("r", prompt_ids=[1], sampling_params={"max_tokens": 2})
+        assert out.log_probs is None and sent["max_tokens"] == 2
+        with pytest.raises(ValueError, match="repetition_penalty"):
+            await manager.generate("r", prompt_ids=[1], sampling_params={"repetition_penalty": 1.1})
+        with pytest.raises(ValueError, match="image_data"):
+            await manager.generate("r", prompt_ids=[1], sampling_params={}, image_data=["x"])
+        await manager.close()
+    asyncio.run(main())
