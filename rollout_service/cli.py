@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(v, "engine.speculation.k_by_batch_size", "--k-by-batch-size")
     add_flag(v, "engine.speculation.k_control", "--k-control", default="fixed",
              help="as for serve (default fixed here: every step drafts k, the strictest test)")
+    add_flag(v, "engine.quantization", "--quantization", default="none", choices=["none", "int8"],
+             help="the served precision of both engines (as for serve); int8: the log-probs are checked against the "
+                  "independent int8 W8A8 forward pass (drafting/reference.py), so the check proves speculation "
+                  "lossless with respect to the served, quantized policy (default: none)")
+    add_flag(v, "engine.speculation.quantization", "--draft-quantization", default="none", choices=["none", "int8"],
+             help="the drafter's precision (draft_model only, as for serve) (default: none)")
     v.add_argument("--samples", type=int, default=400, help="samples per prompt per side")
     v.add_argument("--max-tokens", type=int, default=4, help="continuation length tested")
     v.add_argument("--temperature", type=float, default=1.0)
@@ -150,19 +156,24 @@ def cmd_serve(args) -> int:
 
 
 def cmd_verify_lossless(args) -> int:
+    import msgspec
+
     from rollout_service.config import ConfigError, load_config, parse_k_schedule
+    from rollout_service.drafting.lossless import DEFAULT_BASE, check_lossless
     from rollout_service.model_info import ModelInfo
-    from rollout_service.drafting.lossless import check_lossless
 
     try:                                 # the flags first: a bad one fails before the model is read
-        spec = load_config(**{"engine.speculation.method": args.method,
+        cfg = load_config(**{"engine.speculation.method": args.method,
                               "engine.speculation.model": args.draft_model,
                               "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
                               "engine.speculation.draft_sampling": args.draft_sampling,
                               "engine.speculation.k_by_batch_size":
                                   parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else None,
                               "engine.speculation.k_control": args.k_control,
-                              }).engine.speculation
+                              "engine.speculation.quantization": args.draft_quantization,
+                              "engine.quantization": args.quantization,
+                              })
+        spec = cfg.engine.speculation
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
@@ -174,9 +185,10 @@ def cmd_verify_lossless(args) -> int:
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
     prompts = [info.encode(p, chat=True) for p in args.prompts]
+    base = msgspec.structs.replace(DEFAULT_BASE, quantization=cfg.engine.quantization)
     report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha,
-                            update_draft=args.update_draft)
+                            update_draft=args.update_draft, base=base)
     print(report.render())
     return 0 if report.passed else (2 if report.engine_failed else 1)
 

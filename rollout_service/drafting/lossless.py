@@ -5,7 +5,9 @@ many short continuations of the same prompts. For every prompt and every positio
 homogeneity compares the two token histograms (categories expected fewer than 5 times are pooled);
 the check fails when any p-value is below alpha / (number of tests) (Bonferroni). Then the log-probs
 the speculative engine returned are compared with an independent transformers forward pass of the same
-weights under the same processed distribution (temperature, top-k, top-p).
+weights under the same processed distribution (temperature, top-k, top-p). With a quantized target
+(engine.quantization int8) both engines serve the int8 policy and the reference is the independent int8 W8A8 forward
+pass (drafting/reference.py int8_w8a8): lossless with respect to the served, quantized policy.
 """
 from __future__ import annotations
 
@@ -180,6 +182,9 @@ async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], t
 # the float32 reference forward pass is only exact to 2e-3 nats in float32 (bf16 engines, the "auto" choice
 # on CPUs with AVX512-BF16/AMX, differ by ~0.2 nats from any float32 reference).
 DEFAULT_BASE = EngineConfig(max_model_len=512, kv_cache_gb=1, max_num_seqs=64, dtype="float32")
+# The log-prob tolerance by served precision: float32 as above; int8 against the independent int8 forward pass, the
+# bound tests/integration/test_quantized.py holds the served int8 log-probs to (measured up to 1.7e-3 nats).
+LOGPROB_ATOL = {"none": 2e-3, "int8": 5e-3}
 
 
 def sample_plain(model: str, prompts: list[list[int]], *, samples: int = 400, max_tokens: int = 4,
@@ -198,7 +203,7 @@ def sample_plain_sets(model: str, sets: list[SampleSet], base: EngineConfig | No
 
 def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]], *, samples: int = 400,
                    max_tokens: int = 4, temperature: float = 1.0, top_k: int = 10, top_p: float = 1.0,
-                   alpha: float = 1e-3, logprob_atol: float = 2e-3, base: EngineConfig | None = None,
+                   alpha: float = 1e-3, logprob_atol: float | None = None, base: EngineConfig | None = None,
                    power_temperature: float | None = None, spec_env: dict | None = None,
                    logprob_samples: int = 24, plain=None, update_draft: str | None = None) -> LosslessReport:
     """`plain` reuses the output of sample_plain with the same arguments. To show the check's power: spec_env
@@ -206,8 +211,14 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
     engine also sample every prompt at that temperature, in the same batches, and `report.power` compares those
     samples with the plain ones (it must reject them). update_draft: a drafter (in the served drafter's format)
     committed on the speculative engine mid-run, as UpdateDraft does while a trainer adapts its drafter: the samples
-    before, across and after the update are all compared."""
+    before, across and after the update are all compared. base.quantization (int8): both engines serve the quantized
+    policy and the log-probs are checked against its independent int8 forward pass (logprob_atol: LOGPROB_ATOL by
+    precision unless given)."""
     import msgspec
+
+    quantization = (base or DEFAULT_BASE).quantization
+    if logprob_atol is None:
+        logprob_atol = LOGPROB_ATOL.get(quantization, LOGPROB_ATOL["none"])
 
     if plain is None:
         plain = sample_plain(model, prompts, samples=samples, max_tokens=max_tokens, temperature=temperature,
@@ -223,7 +234,8 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
             mean_acceptance_length=0.0, logprob_max_abs_err=float("inf"), logprob_atol=logprob_atol,
             passed_distribution=False, passed_logprobs=False, engine_failed=f"{type(e).__name__}: {e}")
     compare = dict(model=model, method=spec.method, prompts=prompts, plain=plain, max_tokens=max_tokens, top_k=top_k,
-                   top_p=top_p, alpha=alpha, logprob_atol=logprob_atol, logprob_samples=logprob_samples)
+                   top_p=top_p, alpha=alpha, logprob_atol=logprob_atol, logprob_samples=logprob_samples,
+                   quantization=quantization)
     report = _compare(spec_out[0], temperature, **compare)
     report.k_steps = list(k_snapshot["steps_by_k"]) if k_snapshot else []
     report.drafter_off_steps = k_snapshot.get("off_steps", 0) if k_snapshot else 0
@@ -239,9 +251,9 @@ def check_lossless(model: str, spec: SpeculationConfig, prompts: list[list[int]]
 
 
 def _compare(spec_out, temperature, *, model, method, prompts, plain, max_tokens, top_k, top_p, alpha, logprob_atol,
-             logprob_samples) -> LosslessReport:
+             logprob_samples, quantization="none") -> LosslessReport:
     """G-tests of the speculative samples against the plain ones per prompt and position, and their log-probs
-    against an independent forward pass at `temperature`."""
+    against an independent forward pass (of the served precision) at `temperature`."""
     tests = []
     for p in range(len(prompts)):
         for pos in range(max_tokens):
@@ -255,24 +267,30 @@ def _compare(spec_out, temperature, *, model, method, prompts, plain, max_tokens
     accepted = sum(r.num_accepted for _, r in spec_out)
     steps = sum(r.spec_steps for _, r in spec_out)
     err = _logprob_error(model, prompts, spec_out[:: max(1, len(spec_out) // logprob_samples)], temperature,
-                         top_k, top_p)
+                         top_k, top_p, quantization)
     return LosslessReport(
         method=method, samples=(len(plain), len(spec_out)), tests=tests, alpha=alpha, min_p=min_p,
         acceptance_rate=accepted / drafted if drafted else 0.0,
         mean_acceptance_length=measured_mean_acceptance_length(accepted, steps),
         logprob_max_abs_err=err, logprob_atol=logprob_atol,
         passed_distribution=min_p >= alpha / len(tests), passed_logprobs=err <= logprob_atol,
-        notes=[] if drafted_any else ["note: the drafter proposed nothing; this run did not exercise speculation"],
+        notes=([] if drafted_any else ["note: the drafter proposed nothing; this run did not exercise speculation"])
+        + ([f"served precision {quantization}: both engines serve it; log-probs against its independent forward "
+            "pass (drafting/reference.py int8_w8a8)"] if quantization != "none" else []),
     )
 
 
-def _logprob_error(model_dir: str, prompts, outputs, temperature, top_k, top_p) -> float:
+def _logprob_error(model_dir: str, prompts, outputs, temperature, top_k, top_p, quantization: str = "none") -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rollout_service.drafting.reference import processed_logprobs
+    from rollout_service.drafting.reference import int8_w8a8, processed_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if quantization == "int8":                   # the served policy: the checkpoint as the int8 engine computes it
+        model = int8_w8a8(model)
+    elif quantization != "none":
+        raise ValueError(f"no independent forward pass of a {quantization} policy here (int8 only)")
     worst = 0.0
     for p, r in outputs:
         ref = processed_logprobs(model, prompts[p], list(r.token_ids), temperature, top_k, top_p)

@@ -118,3 +118,47 @@ def test_the_reference_int8_layer_models_the_cpus_int16_pair_saturation():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     int8_w8a8(model, saturate=False)
     assert isinstance(model[0], _Int8Linear)
+
+
+def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_path):
+    """`verify-lossless --quantization int8` serves int8 on both engines and compares the log-probs with the int8
+    forward pass (drafting/reference.py int8_w8a8), at the int8 tolerance; a bad precision flag fails before any
+    model is read."""
+    import copy
+    from types import SimpleNamespace
+
+    from rollout_service import cli
+    from rollout_service.drafting import lossless
+    from rollout_service.drafting.reference import processed_logprobs
+
+    args = cli.build_parser().parse_args(["verify-lossless", "--method", "ngram", "--quantization", "int8"])
+    assert (args.quantization, args.draft_quantization) == ("int8", "none")
+    bad = cli.build_parser().parse_args(["verify-lossless", "--method", "ngram", "--draft-quantization", "int8"])
+    assert cli.cmd_verify_lossless(bad) == 2                 # a drafter precision needs draft_model
+    seen = {}
+    monkeypatch.setattr(cli, "resolve_model", lambda m: str(tmp_path))
+    monkeypatch.setattr("rollout_service.model_info.ModelInfo.load", lambda m, n: SimpleNamespace(
+        encode=lambda p, chat: [1, 2, 3]))
+    monkeypatch.setattr(lossless, "check_lossless", lambda model, spec, prompts, **kw: seen.update(kw) or
+                        SimpleNamespace(render=lambda: "", passed=True, engine_failed=""))
+    assert cli.cmd_verify_lossless(args) == 0
+    assert seen["base"].quantization == "int8" and seen["base"].dtype == "float32"
+    assert lossless.LOGPROB_ATOL["int8"] > lossless.LOGPROB_ATOL["none"]
+
+    class Linear2(torch.nn.Module):                        # a "model" whose logits come from one linear layer
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8, bias=False)
+            torch.nn.init.normal_(self.proj.weight, std=3.0)
+
+        def forward(self, ids):
+            return SimpleNamespace(logits=self.proj(torch.nn.functional.one_hot(ids, 8).float()))
+
+    float_model = Linear2().eval()
+    served = processed_logprobs(int8_w8a8(copy.deepcopy(float_model), saturate=False), [1, 2], [3, 4, 5], 1.0, 0, 1.0)
+    out = [(0, SimpleNamespace(token_ids=[3, 4, 5], logprobs=served.numpy()))]     # what an int8 engine returned
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained",
+                        lambda *a, **k: copy.deepcopy(float_model))
+    monkeypatch.setattr("rollout_service.drafting.reference.int16_pair_saturation", lambda: False)
+    assert lossless._logprob_error("m", [[1, 2]], out, 1.0, 0, 1.0, "int8") < 1e-6
+    assert lossless._logprob_error("m", [[1, 2]], out, 1.0, 0, 1.0, "none") > 1e-4
