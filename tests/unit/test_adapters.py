@@ -52,13 +52,17 @@ def sync(test):
     return run
 
 
-@pytest.fixture
-def ckpt(tmp_path):
-    d = tmp_path / "base"
+def write_base(d):
+    """The fake base model's checkpoint in directory `d` (created)."""
     d.mkdir()
     save_file(BASE, str(d / "model.safetensors"))
     (d / "config.json").write_text("{}")
     return d
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    return write_base(tmp_path / "base")
 
 
 def manifest(ckpt):

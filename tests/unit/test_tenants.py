@@ -114,16 +114,10 @@ def test_http_dialects_hold_a_tenant_to_its_adapters(tmp_path):
     from rollout_service.server.grpc_service import RolloutServicer
     from rollout_service.server.http_app import build_http_app
     from rollout_service.validation import Limits
-    from tests.unit.test_adapters import make, push
+    from tests.unit.test_adapters import make, push, write_base
 
     async def main():
-        ckpt = tmp_path / "base"
-        ckpt.mkdir()
-        from safetensors.torch import save_file
-
-        from tests.unit.test_adapters import BASE
-        save_file(BASE, str(ckpt / "model.safetensors"))
-        (ckpt / "config.json").write_text("{}")
+        ckpt = write_base(tmp_path / "base")
         pool, weights, _ = await make(ckpt, engines=1)
         await push(weights, "alice", 1)
         await push(weights, "bob", 1)
