@@ -142,7 +142,7 @@ def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_pa
     monkeypatch.setattr(lossless, "check_lossless", lambda model, spec, prompts, **kw: seen.update(kw) or
                         SimpleNamespace(render=lambda: "", passed=True, engine_failed=""))
     assert cli.cmd_verify_lossless(args) == 0
-    assert seen["base"].quantization == "int8" and seen["base"].dtype == "float32"
+    assert seen["base"].quantization == "int8" and seen["base"].dtype == "float32" and seen["logprob_samples"] == 6
     assert lossless.LOGPROB_ATOL["int8"] > lossless.LOGPROB_ATOL["none"]
 
     class Linear2(torch.nn.Module):                        # a "model" whose logits come from one linear layer
