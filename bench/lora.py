@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--out", default="bench/results/lora.json")
+    ap.add_argument("--pause-only", action="store_true", help="only the pause an adapter push causes")
     args = ap.parse_args()
 
     from rollout_client import RolloutClient
@@ -118,7 +119,7 @@ def main() -> None:
 
     model_dir = resolve_model(args.model)
     print(f"building 8 random rank-{args.rank} adapters on {model_dir} ...", flush=True)
-    adapters = [adapter_state(model_dir, args.rank, seed) for seed in range(8)]
+    adapters = [adapter_state(model_dir, args.rank, seed) for seed in range(2 if args.pause_only else 8)]
     prompts = [[1, 504, 3458, 314, 260, 9 + i] for i in range(8)]
     rank_flag = str(max(8, 1 << (args.rank - 1).bit_length()))
     extra = ["--max-adapters", "10", "--max-lora-rank", rank_flag, "--max-loras-per-batch", "8",
@@ -130,7 +131,7 @@ def main() -> None:
         with RolloutClient(svc.target) as c:
             for i, (tensors, config, _) in enumerate(adapters):
                 c.push_adapter(f"p{i}", tensors, 1, config=config)
-            merged = adapter_state(model_dir, args.rank, 0, merge=True)[2]
+            merged = adapter_state(model_dir, args.rank, 0, merge=True)[2] if not args.pause_only else {}
             a_bytes = sum(t.numel() * t.element_size() for t in adapters[0][0].values())
             full_bytes = sum(t.numel() * t.element_size() for t in merged.values())
             out.update(adapter_bytes=a_bytes, full_bytes=full_bytes)
@@ -139,7 +140,7 @@ def main() -> None:
             configs = {"base": [""] * 8, "one adapter": ["p0"] * 8, "4 adapters": [f"p{i % 4}" for i in range(8)],
                        "8 adapters": [f"p{i}" for i in range(8)]}
             timed_batch(c, prompts, ["p0"] * 8, args.sequences, 4)                  # warm-up
-            for r in range(args.rounds):
+            for r in range(0 if args.pause_only else args.rounds):
                 # A B A B: the adapter push, then the merged full push of the same policy (p9's line)
                 tensors, config, _ = adapters[r % len(adapters)]        # the merged policy: adapter 0's
                 av += 1
@@ -166,6 +167,9 @@ def main() -> None:
             out["pause"] = pause_during_push(
                 c, prompts[0], lambda: c.push_adapter("p9", adapters[1][0], next(bump), config=adapters[1][1]))
             print(f"pause: {out['pause']}", flush=True)
+    if args.pause_only:
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        return
     med = lambda key: statistics.median(r[key] for r in out["throughput"])          # noqa: E731
     ratio = statistics.median(p["full_s"] / p["adapter_s"] for p in out["push"])
     out["summary"] = {
