@@ -162,3 +162,20 @@ def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_pa
     monkeypatch.setattr("rollout_service.drafting.reference.int16_pair_saturation", lambda: False)
     assert lossless._logprob_error("m", [[1, 2]], out, 1.0, 0, 1.0, "int8") < 1e-6
     assert lossless._logprob_error("m", [[1, 2]], out, 1.0, 0, 1.0, "none") > 1e-4
+
+
+def test_the_fast_saturating_product_equals_the_pair_by_pair_one():
+    """_Int8Linear sums exactly and corrects only the weight pairs that can leave int16 (|w0| + |w1| >= 129): the same
+    integers as summing every pair of products with the clip (odd widths, large weights and activations included)."""
+    torch.manual_seed(0)
+    for out_features, in_features in ((16, 33), (48, 96)):
+        lin = torch.nn.Linear(in_features, out_features)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(out_features, in_features) * torch.rand(out_features, 1) ** 3)
+            lin.weight[:, :4] *= 50                              # some rows' largest weights side by side
+        xq = torch.randint(-127, 128, (24, in_features))
+        xq[:, :4] = 127
+        for saturate in (False, True):
+            layer = _Int8Linear(lin, saturate=saturate)
+            assert torch.equal(layer._int_product(xq), layer._int_product_every_pair(xq))
+        assert not torch.equal(layer._int_product(xq), xq @ layer.w.t())        # some pairs did clip
