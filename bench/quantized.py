@@ -96,6 +96,11 @@ def fp8_projection() -> list[dict]:
     return rows
 
 
+def write(path: str, out: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="float checkpoint (default: the embedded SmolLM2-135M-Instruct)")
@@ -139,6 +144,9 @@ def main() -> int:
                         found = mismatch(c, model, prompts[:args.mismatch_prompts], args.max_tokens,
                                          args.reference_samples)
                         print(f"mismatch: {json.dumps(found)}", flush=True)
+            # each service's batches written as it ends: a run cut short (a loaded machine) keeps what it measured
+            write(args.out, {"partial": True, "command": "bench/quantized.py " + " ".join(sys.argv[1:]),
+                             "mismatch": found, "runs": runs, "load_average": os.getloadavg()})
     summary = []
     for conc in levels:
         ratios = []
@@ -156,8 +164,7 @@ def main() -> int:
            "command": "bench/quantized.py " + " ".join(sys.argv[1:]), "model": model, "n": args.n,
            "max_tokens": args.max_tokens, "load_average_at_end": os.getloadavg(), "summary": summary,
            "mismatch": found, "fp8_projection": projection, "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    write(args.out, out)
     print(f"{'conc':>5} {'float32 tok/s':>13} {'int8 tok/s':>10} {'int8/f32':>8}  per round")
     for s in summary:
         print(f"{s['concurrency']:>5} {s['float32_tok_s_median']:>13.1f} {s['int8_tok_s_median']:>10.1f} "
