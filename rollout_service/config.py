@@ -66,7 +66,8 @@ class SpeculationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     quantization: option(
         Literal[QUANTIZATIONS],
         "the drafter's served precision (draft_model only; as engine.quantization); the drafter stays unquantized "
-        "unless set", "--draft-quantization") = "none"
+        "unless set. `int8` runs on a real engine here (2026-11-27: an int8 drafter over an int8 target samples, "
+        "and an UpdateDraft of float weights is quantized at commit)", "--draft-quantization") = "none"
     draft_sampling: option(
         Literal["probabilistic", "greedy"],
         "the drafter samples (probabilistic) or takes its argmax (greedy); both are lossless (draft_model, eagle3, "
