@@ -82,6 +82,12 @@ class Stack:
         self.norm = torch.ones(h, device=device, dtype=dtype)
         self.lm = w(s["vocab"], h)
 
+    def linear(self, x, weight):
+        """A layer's matmul (bench/fp8_step_probe.py runs its FP8 twin here)."""
+        import torch.nn.functional as F
+
+        return F.linear(x, weight)
+
     def caches(self, batch: int, slots: int) -> list:
         import torch
 
@@ -108,19 +114,19 @@ class Stack:
         b, w = x.shape[0], x.shape[1]
         hd, nh, nkv = s["head_dim"], s["heads"], s["kv_heads"]
         if self.fc is not None:
-            x = F.linear(x, self.fc)
+            x = self.linear(x, self.fc)
         for layer, (kc, vc) in zip(self.layers, caches):
             a_in = torch.cat([emb, x], dim=-1) if self.fc is not None else x
             h = rms(a_in, layer["norm1"])
-            qkv = F.linear(h, layer["wqkv"])
+            qkv = self.linear(h, layer["wqkv"])
             q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
             q = q.view(b, w, nh, hd).transpose(1, 2)
             kc[:, :, context:context + w].copy_(k.view(b, w, nkv, hd).transpose(1, 2))
             vc[:, :, context:context + w].copy_(v.view(b, w, nkv, hd).transpose(1, 2))
             o = attention(q, kc[:, :, :context + w], vc[:, :, :context + w], GQA[0])
-            x = x + F.linear(o.transpose(1, 2).reshape(b, w, nh * hd), layer["wo"])
-            g, u = F.linear(rms(x, layer["norm2"]), layer["wgu"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(g) * u, layer["wd"])
+            x = x + self.linear(o.transpose(1, 2).reshape(b, w, nh * hd), layer["wo"])
+            g, u = self.linear(rms(x, layer["norm2"]), layer["wgu"]).chunk(2, dim=-1)
+            x = x + self.linear(F.silu(g) * u, layer["wd"])
         return F.linear(rms(x, self.norm), self.lm)
 
 
