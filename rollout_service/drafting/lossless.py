@@ -183,8 +183,12 @@ async def _sample(model: str, engine_cfg: EngineConfig, sets: list[SampleSet], t
 # on CPUs with AVX512-BF16/AMX, differ by ~0.2 nats from any float32 reference).
 DEFAULT_BASE = EngineConfig(max_model_len=512, kv_cache_gb=1, max_num_seqs=64, dtype="float32")
 # The log-prob tolerance by served precision: float32 as above; int8 against the independent int8 forward pass, the
-# bound tests/integration/test_quantized.py holds the served int8 log-probs to (measured up to 1.7e-3 nats).
+# bound tests/integration/test_quantized.py holds the served int8 log-probs to (measured up to 1.7e-3 nats), or, where
+# larger, INT8_SPREAD_FACTOR x the reference's own spread on the checked samples: int8 with per-token activation scales
+# fixes a deep model's log-probs only to within what float32 rounding moves them (drafting/reference.py
+# int8_rounding_spread; SmolLM2-135M: tenths of a nat per token), so no implementation can be held closer.
 LOGPROB_ATOL = {"none": 2e-3, "int8": 5e-3}
+INT8_SPREAD_FACTOR = 1.5
 
 
 def sample_plain(model: str, prompts: list[list[int]], *, samples: int = 400, max_tokens: int = 4,
@@ -266,8 +270,18 @@ def _compare(spec_out, temperature, *, model, method, prompts, plain, max_tokens
     drafted = sum(r.num_drafted for _, r in spec_out)
     accepted = sum(r.num_accepted for _, r in spec_out)
     steps = sum(r.spec_steps for _, r in spec_out)
-    err = _logprob_error(model, prompts, spec_out[:: max(1, len(spec_out) // logprob_samples)], temperature,
-                         top_k, top_p, quantization)
+    checked = spec_out[:: max(1, len(spec_out) // logprob_samples)]
+    err = _logprob_error(model, prompts, checked, temperature, top_k, top_p, quantization)
+    notes = []
+    if quantization == "int8":
+        spread = _int8_spread(model, prompts, checked, temperature, top_k, top_p)
+        logprob_atol = max(logprob_atol, INT8_SPREAD_FACTOR * spread)
+        to_float = _logprob_error(model, prompts, checked, temperature, top_k, top_p, "none")
+        notes.append(f"int8: the reference's own spread under float32 rounding on these samples is {spread:.2e} "
+                     f"nats (max per token; drafting/reference.py int8_rounding_spread): tolerance "
+                     f"max({LOGPROB_ATOL['int8']:g}, {INT8_SPREAD_FACTOR:g} x spread); the float32 policy is "
+                     f"{to_float:.2e} from the samples" + (" (within it: the log-prob check cannot tell int8 from "
+                                                           "float32 here)" if to_float <= logprob_atol else ""))
     return LosslessReport(
         method=method, samples=(len(plain), len(spec_out)), tests=tests, alpha=alpha, min_p=min_p,
         acceptance_rate=accepted / drafted if drafted else 0.0,
@@ -276,8 +290,22 @@ def _compare(spec_out, temperature, *, model, method, prompts, plain, max_tokens
         passed_distribution=min_p >= alpha / len(tests), passed_logprobs=err <= logprob_atol,
         notes=([] if drafted_any else ["note: the drafter proposed nothing; this run did not exercise speculation"])
         + ([f"served precision {quantization}: both engines serve it; log-probs against its independent forward "
-            "pass (drafting/reference.py int8_w8a8)"] if quantization != "none" else []),
+            "pass (drafting/reference.py int8_w8a8)"] if quantization != "none" else []) + notes,
     )
+
+
+def _int8_spread(model_dir: str, prompts, outputs, temperature, top_k, top_p) -> float:
+    """The largest per-token log-prob difference between the int8 reference and its equally valid variants
+    (drafting/reference.py int8_rounding_spread) on `outputs`' samples."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.drafting.reference import int8_rounding_spread
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    seqs = [(prompts[p], list(r.token_ids)) for p, r in outputs]
+    spread = int8_rounding_spread(model, seqs, temperature, top_k, top_p)
+    return float(spread.max()) if spread.numel() else 0.0
 
 
 def _logprob_error(model_dir: str, prompts, outputs, temperature, top_k, top_p, quantization: str = "none") -> float:

@@ -162,6 +162,8 @@ def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_pa
     monkeypatch.setattr("rollout_service.drafting.reference.int16_pair_saturation", lambda: False)
     assert lossless._logprob_error("m", [[1, 2]], out, 1.0, 0, 1.0, "int8") < 1e-6
     assert lossless._logprob_error("m", [[1, 2]], out, 1.0, 0, 1.0, "none") > 1e-4
+    # one-hot inputs lie on the int8 grid: float rounding cannot move them, the tolerance stays LOGPROB_ATOL's
+    assert lossless._int8_spread("m", [[1, 2]], out, 1.0, 0, 1.0) == 0.0
 
 
 def test_the_fast_saturating_product_equals_the_pair_by_pair_one():
@@ -179,3 +181,59 @@ def test_the_fast_saturating_product_equals_the_pair_by_pair_one():
             layer = _Int8Linear(lin, saturate=saturate)
             assert torch.equal(layer._int_product(xq), layer._int_product_every_pair(xq))
         assert not torch.equal(layer._int_product(xq), xq @ layer.w.t())        # some pairs did clip
+
+
+def test_an_activation_an_ulp_from_an_int8_rounding_boundary_moves_the_layer_by_a_whole_step():
+    """Per-token int8 activation scales make the int8 forward pass discontinuous: an input a float32 rounding (an ulp,
+    as other float kernels around the layer give) from a rounding boundary rounds the other way and the output
+    moves by a quantization step; inputs away from boundaries do not move (drafting/reference.py `rounding`)."""
+    lin = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[0.0, 1.0]]))
+    edge = torch.tensor([[1.0, 10.5 / 127]])          # x * 127 / absmax = 10.5 (to float32): rounds to 10 or 11
+    inside = torch.tensor([[1.0, 10.2 / 127]])
+    base = _Int8Linear(lin, saturate=False)
+    outs = {round(float(_Int8Linear(lin, False, torch.Generator().manual_seed(s))(edge)) * 127) for s in range(8)}
+    assert outs == {10, 11} and round(float(base(edge)) * 127) in outs                  # one step = 1/127 apart
+    assert {float(_Int8Linear(lin, False, torch.Generator().manual_seed(s))(inside)) for s in range(8)} \
+        == {float(base(inside))}
+
+
+def test_depth_amplifies_int8_rounding_into_log_prob_differences():
+    """int8_rounding_spread: a one-hot "model" (every activation exactly on the int8 grid) is fixed by the int8
+    arithmetic alone (spread 0); a 24-layer residual stack moves its log-probs visibly under one-ulp input changes."""
+    from types import SimpleNamespace
+
+    from rollout_service.drafting.reference import int8_rounding_spread
+
+    class OneHot(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8, bias=False)
+            torch.nn.init.normal_(self.proj.weight, std=3.0)
+
+        def forward(self, ids):
+            return SimpleNamespace(logits=self.proj(torch.nn.functional.one_hot(ids, 8).float()))
+
+    class Deep(torch.nn.Module):
+        def __init__(self, layers: int, width: int = 64, vocab: int = 32):
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, width)
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(layers))
+            self.head = torch.nn.Embedding(vocab, width)                   # not a Linear: stays float
+            for lin in self.layers:
+                torch.nn.init.normal_(lin.weight, std=1.5 / width ** 0.5)
+
+        def forward(self, ids):
+            h = self.emb(ids)
+            for lin in self.layers:
+                h = h + lin(torch.nn.functional.rms_norm(h, (h.shape[-1],)))
+            return SimpleNamespace(logits=4 * torch.nn.functional.rms_norm(h, (h.shape[-1],)) @ self.head.weight.t())
+
+    torch.manual_seed(0)
+    seqs = [([1, 2, 3], [4, 5, 6, 7]), ([3, 1], [0, 2, 6])]
+    assert int8_rounding_spread(OneHot().eval(), [(p[:1], p[1:] + g) for p, g in seqs], 1.0, 0, 1.0).max() == 0
+    deep = Deep(24).eval()
+    seqs = [(list(torch.randint(0, 32, (12,))), list(torch.randint(0, 32, (12,)))) for _ in range(2)]
+    spread = int8_rounding_spread(deep, [([int(t) for t in p], [int(t) for t in g]) for p, g in seqs], 1.0, 0, 1.0)
+    assert spread.max() > 1e-3
