@@ -197,7 +197,7 @@ def main() -> int:
     from rollout_service.model_info import ModelInfo
     from rollout_tasks.arithmetic import split
 
-    model = resolve_model(args.model or "default")
+    model = resolve_model(args.model)
     levels = [int(x) for x in args.concurrency.split(",")]
     info = ModelInfo.load(model, args.max_model_len)
     prompts = [info.encode(p.prompt, chat=True) for p in split(max(levels) * (args.rounds + 1))]
@@ -215,8 +215,9 @@ def main() -> int:
         svc.start()
         client = RolloutClient(svc.target)
         targets = {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client}
-        for arm in ARMS:                                         # warm-up: every path once
-            run_batch(arm, targets, prompts[:2], 1, 8, False)
+        for arm in ARMS:                                         # warm-up: every path once, streamed and not
+            for stream in (False, True):                         # (a dialect's first stream sets up its detokenizer)
+                run_batch(arm, targets, prompts[:2], 1, 8, stream)
         steps = len(levels) * args.rounds * 2 * len(ARMS)
         with tqdm(total=steps, desc="batches", unit="batch") as bar:
             for r in range(args.rounds):
