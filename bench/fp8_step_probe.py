@@ -105,11 +105,7 @@ def main() -> None:
     import torch
 
     t0 = time.monotonic()
-    cuda = torch.cuda.is_available() and not args.dry_run
-    if not cuda and not args.dry_run:
-        raise SystemExit("no CUDA device: this probe measures a GPU (--dry-run checks it on the CPU)")
-    device, dtype = ("cuda" if cuda else "cpu"), torch.bfloat16
-    torch.manual_seed(0)
+    cuda, device, dtype = gsp.open_device(args.dry_run)
     gsp.GQA[0] = "fold"
     batches = [int(x) for x in args.batches.split(",")]
     widths = [int(x) for x in args.widths.split(",")]
@@ -187,10 +183,7 @@ def main() -> None:
               "env": env, "copies": copies, "target_shape": {"kind": "tiny" if args.dry_run else "qwen3-8b", **shape},
               "cells": cells, "gemms": gemms,
               "probe": {"args": vars(args), "seconds": round(time.monotonic() - t0, 1), "skipped_cells": clock.skipped}}
-    gpu = env["gpu"].lower().replace("nvidia", "").strip().split()[0] if cuda else "dry-run"
-    out = Path(args.out or f"bench/results/fp8_step_probe_{gpu}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = gsp.write_result(result, args.out, "fp8_step_probe", cuda)
     print(f"{len(cells)} cells in {time.monotonic() - t0:.0f} s; wrote {out}", flush=True)
 
 

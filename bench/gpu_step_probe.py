@@ -211,6 +211,28 @@ def timed(fn, cuda: bool, warm: int = 3, reps: int = 10, graph: bool = True) -> 
     return statistics.median(times)
 
 
+def open_device(cpu_run: bool, flag: str = "--dry-run", cpu_dtype=None):
+    """A probe's (cuda, device, dtype): the GPU in bfloat16, or the CPU when `cpu_run` (its `flag`) checks the code
+    (in `cpu_dtype`, default bfloat16); without either it exits naming the flag. Seeds torch."""
+    import torch
+
+    cuda = torch.cuda.is_available() and not cpu_run
+    if not cuda and not cpu_run:
+        raise SystemExit(f"no CUDA device: this probe measures a GPU ({flag} checks it on the CPU)")
+    torch.manual_seed(0)
+    return cuda, ("cuda" if cuda else "cpu"), (torch.bfloat16 if cuda or cpu_dtype is None else cpu_dtype)
+
+
+def write_result(result: dict, out: str | None, probe: str, cuda: bool, cpu_label: str = "dry-run") -> Path:
+    """`result` as JSON to `out`, default bench/results/<probe>_<gpu>.json (the GPU's short name from
+    result["env"]["gpu"], `cpu_label` for a CPU run); returns the path."""
+    gpu = result["env"]["gpu"].lower().replace("nvidia", "").strip().split()[0] if cuda else cpu_label
+    path = Path(out or f"bench/results/{probe}_{gpu}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
 class Clock:
     """The measuring budget: cells not started before it runs out are skipped (and counted)."""
 
@@ -311,11 +333,7 @@ def main() -> None:
     import torch
 
     t0 = time.monotonic()
-    cuda = torch.cuda.is_available() and not args.dry_run
-    if not cuda and not args.dry_run:
-        raise SystemExit("no CUDA device: this probe measures a GPU (--dry-run checks it on the CPU)")
-    device, dtype = ("cuda" if cuda else "cpu"), torch.bfloat16
-    torch.manual_seed(0)
+    cuda, device, dtype = open_device(args.dry_run)
     GQA[0] = args.gqa
     batches = [int(x) for x in args.batches.split(",")]
     widths = [int(x) for x in args.widths.split(",")]
@@ -366,10 +384,7 @@ def main() -> None:
                 result["sampler"].append({"batch": b, "width": w, "vocab": vocab, "seconds": sec})
                 log(f"  sampler      batch {b:>4} width {w}: {sec * 1e3:8.3f} ms")
     result["probe"] = {"args": vars(args), "seconds": round(time.monotonic() - t0, 1), "skipped_cells": clock.skipped}
-    gpu = result["env"]["gpu"].lower().replace("nvidia", "").strip().split()[0] if cuda else "dry-run"
-    out = Path(args.out or f"bench/results/gpu_step_probe_{gpu}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(result, args.out, "gpu_step_probe", cuda)
     log(f"{len(result['cells'])} cells, {len(result['drafters'])} drafter cells"
         + (f", {clock.skipped} skipped (budget)" if clock.skipped else "")
         + f" in {time.monotonic() - t0:.0f} s; wrote {out}")

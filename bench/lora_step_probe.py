@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -108,11 +107,7 @@ def main() -> None:
     import torch
 
     t0 = time.monotonic()
-    cuda = torch.cuda.is_available() and not args.dry_run
-    if not cuda and not args.dry_run:
-        raise SystemExit("no CUDA device: this probe measures a GPU (--dry-run checks it on the CPU)")
-    device, dtype = ("cuda" if cuda else "cpu"), torch.bfloat16
-    torch.manual_seed(0)
+    cuda, device, dtype = gsp.open_device(args.dry_run)
     gsp.GQA[0] = "fold"
     batches = [int(x) for x in args.batches.split(",")]
     counts = [int(x) for x in args.adapters.split(",")]
@@ -157,10 +152,7 @@ def main() -> None:
               "env": env, "target_shape": {"kind": "tiny" if args.dry_run else "qwen3-8b", **shape}, "rank": args.rank,
               "cells": cells,
               "probe": {"args": vars(args), "seconds": round(time.monotonic() - t0, 1), "skipped_cells": clock.skipped}}
-    gpu = env["gpu"].lower().replace("nvidia", "").strip().split()[0] if cuda else "dry-run"
-    out = Path(args.out or f"bench/results/lora_step_probe_{gpu}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = gsp.write_result(result, args.out, "lora_step_probe", cuda)
     print(f"{len(cells)} cells in {time.monotonic() - t0:.0f} s; wrote {out}", flush=True)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -220,11 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     t0 = time.monotonic()
-    cuda = torch.cuda.is_available() and not args.smoke
-    if not cuda and not args.smoke:
-        raise SystemExit("no CUDA device: this probe measures a GPU (--smoke checks it on the CPU)")
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    torch.manual_seed(0)
+    cuda, device, dtype = gsp.open_device(args.smoke, "--smoke", cpu_dtype=torch.float32)
     shape = dict(TINY if args.smoke else QWEN3_30B_A3B)
     if args.layers:
         shape["layers"] = args.layers
@@ -264,10 +259,7 @@ def main(argv: list[str] | None = None) -> None:
                    "target_shape": {"kind": kind, **shape},
                    "probe": {"args": vars(args), "impl": impl, "max_kv_tokens": max_kv,
                              "seconds": round(time.monotonic() - t0, 1), "skipped_cells": clock.skipped}})
-    gpu = result["env"]["gpu"].lower().replace("nvidia", "").strip().split()[0] if cuda else "smoke"
-    out = Path(args.out or f"bench/results/moe_step_probe_{gpu}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = gsp.write_result(result, args.out, "moe_step_probe", cuda, "smoke")
     log(f"{len(cells)} steps, {len(blocks)} MoE blocks"
         + (f", {clock.skipped} skipped (budget)" if clock.skipped else "")
         + f" in {time.monotonic() - t0:.0f} s; wrote {out}")

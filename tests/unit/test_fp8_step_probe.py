@@ -2,23 +2,15 @@
 emulation of torch._scaled_mm), so its GPU timings compare the same model in two precisions."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def probe():
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import fp8_step_probe
-    finally:
-        sys.path.pop(0)
-    return fp8_step_probe
+    return bench_module("fp8_step_probe")
 
 
 @pytest.mark.parametrize("form", [dict(static=False), dict(static=True), dict(static=True, tensorwise=True)],

@@ -3,23 +3,15 @@ its own adapter's (x A^T) B^T, in the per-adapter (SGMV) form and the gathered (
 timings compare the same work."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def probe():
     pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import lora_step_probe
-    finally:
-        sys.path.pop(0)
-    return lora_step_probe
+    return bench_module("lora_step_probe")
 
 
 @pytest.mark.parametrize("gathered", [False, True], ids=["per-adapter", "gathered"])

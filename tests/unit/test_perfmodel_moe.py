@@ -13,6 +13,7 @@ import pytest
 from rollout_service.perfmodel import hardware, model, moe
 from rollout_service.perfmodel.rl import push_seconds
 from rollout_service.perfmodel.step import Drafter, device_weight_bytes, forward, spec_step, step_table
+from tests.bench_modules import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 A3B = model.load("qwen3-30b-a3b")
@@ -200,11 +201,7 @@ def test_moe_step_probe_smoke_writes_a_file_the_fit_reads(tmp_path):
 
 def test_grouped_and_looped_experts_agree():
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import moe_step_probe as probe
-    finally:
-        sys.path.pop(0)
+    probe = bench_module("moe_step_probe")
     torch.manual_seed(0)
     grouped = probe.MoEStack(probe.TINY, "cpu", torch.float32, probe.pick_impl("auto", "cpu", torch.float32))
     looped = replace_impl(probe, grouped, "loop")

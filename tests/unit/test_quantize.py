@@ -120,6 +120,20 @@ def test_the_reference_int8_layer_models_the_cpus_int16_pair_saturation():
     assert isinstance(model[0], _Int8Linear)
 
 
+class OneHotLinear(torch.nn.Module):
+    """A "model" whose logits come from one linear layer over one-hot inputs (every activation on the int8 grid)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8, bias=False)
+        torch.nn.init.normal_(self.proj.weight, std=3.0)
+
+    def forward(self, ids):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.proj(torch.nn.functional.one_hot(ids, 8).float()))
+
+
 def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_path):
     """`verify-lossless --quantization int8` serves int8 on both engines and compares the log-probs with the int8
     forward pass (drafting/reference.py int8_w8a8), at the int8 tolerance; a bad precision flag fails before any
@@ -145,16 +159,7 @@ def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_pa
     assert seen["base"].quantization == "int8" and seen["base"].dtype == "float32" and seen["logprob_samples"] == 6
     assert lossless.LOGPROB_ATOL["int8"] > lossless.LOGPROB_ATOL["none"]
 
-    class Linear2(torch.nn.Module):                        # a "model" whose logits come from one linear layer
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(8, 8, bias=False)
-            torch.nn.init.normal_(self.proj.weight, std=3.0)
-
-        def forward(self, ids):
-            return SimpleNamespace(logits=self.proj(torch.nn.functional.one_hot(ids, 8).float()))
-
-    float_model = Linear2().eval()
+    float_model = OneHotLinear().eval()
     served = processed_logprobs(int8_w8a8(copy.deepcopy(float_model), saturate=False), [1, 2], [3, 4, 5], 1.0, 0, 1.0)
     out = [(0, SimpleNamespace(token_ids=[3, 4, 5], logprobs=served.numpy()))]     # what an int8 engine returned
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained",
@@ -206,15 +211,6 @@ def test_depth_amplifies_int8_rounding_into_log_prob_differences():
 
     from rollout_service.drafting.reference import int8_rounding_spread
 
-    class OneHot(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(8, 8, bias=False)
-            torch.nn.init.normal_(self.proj.weight, std=3.0)
-
-        def forward(self, ids):
-            return SimpleNamespace(logits=self.proj(torch.nn.functional.one_hot(ids, 8).float()))
-
     class Deep(torch.nn.Module):
         def __init__(self, layers: int, width: int = 64, vocab: int = 32):
             super().__init__()
@@ -232,7 +228,7 @@ def test_depth_amplifies_int8_rounding_into_log_prob_differences():
 
     torch.manual_seed(0)
     seqs = [([1, 2, 3], [4, 5, 6, 7]), ([3, 1], [0, 2, 6])]
-    assert int8_rounding_spread(OneHot().eval(), [(p[:1], p[1:] + g) for p, g in seqs], 1.0, 0, 1.0).max() == 0
+    assert int8_rounding_spread(OneHotLinear().eval(), [(p[:1], p[1:] + g) for p, g in seqs], 1.0, 0, 1.0).max() == 0
     deep = Deep(24).eval()
     seqs = [(list(torch.randint(0, 32, (12,))), list(torch.randint(0, 32, (12,)))) for _ in range(2)]
     spread = int8_rounding_spread(deep, [([int(t) for t in p], [int(t) for t in g]) for p, g in seqs], 1.0, 0, 1.0)
