@@ -32,7 +32,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The repository too: the GPU machine runs this file from a copy of the repo with plain PyTorch, rollout_service not
+# installed (its perfmodel needs only the standard library).
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import gpu_step_probe as gsp  # noqa: E402  (beside this file: the model, timing, env rates)
+from rollout_service.perfmodel.hardware import H200  # noqa: E402
+from rollout_service.perfmodel.model import from_config  # noqa: E402
+from rollout_service.perfmodel.step import forward  # noqa: E402
 
 FP8_MAX = 448.0     # float8_e4m3fn's largest finite value
 
@@ -77,17 +83,11 @@ class FP8Stack(gsp.Stack):
         return out.reshape(*shape[:-1], wq.shape[0])
 
 
-def model_ratio(batch: int, width: int, context: int) -> float | None:
+def model_ratio(batch: int, width: int, context: int) -> float:
     """The performance model's bf16 / FP8 step-time ratio for Qwen3-8B on H200 (bench/quantized.py's projection)."""
-    try:
-        import dataclasses
+    import dataclasses
 
-        from rollout_service.perfmodel.hardware import H200
-        from rollout_service.perfmodel.model import from_config
-        from rollout_service.perfmodel.step import forward
-    except ImportError:                         # the GPU machine carries the repo; without its package: no column
-        return None
-    cfg = Path(__file__).resolve().parent.parent / "rollout_service/perfmodel/configs/qwen3-8b.json"
+    cfg = Path(__file__).resolve().parents[1] / "rollout_service/perfmodel/configs/qwen3-8b.json"
     m = from_config(json.loads(cfg.read_text()), "qwen3-8b")
     fp8 = dataclasses.replace(H200, bytes_per_param=1.0, flops=2 * H200.flops)
     return forward(m, H200, batch, width, context).seconds / forward(m, fp8, batch, width, context).seconds
@@ -140,12 +140,11 @@ def main() -> None:
                 row["ratio_bf16_over_fp8_tensor"] = row["bf16"] / row["fp8-tensor"]
                 row["model_ratio_h200"] = model_ratio(b, w, n)
                 cells.append(row)
-                mr = row["model_ratio_h200"]
                 print(f"  batch {b:>4} width {w} context {n:>5}: bf16 {row['bf16'] * 1e3:7.3f} ms  fp8 "
                       f"{row['fp8'] * 1e3:7.3f} ms ({row['ratio_bf16_over_fp8']:.2f}x)  fp8-static "
                       f"{row['fp8-static'] * 1e3:7.3f} ms ({row['ratio_bf16_over_fp8_static']:.2f}x)  fp8-tensor "
-                      f"{row['fp8-tensor'] * 1e3:7.3f} ms ({row['ratio_bf16_over_fp8_tensor']:.2f}x)"
-                      + (f"  model {mr:.2f}x" if mr else ""), flush=True)
+                      f"{row['fp8-tensor'] * 1e3:7.3f} ms ({row['ratio_bf16_over_fp8_tensor']:.2f}x)  model "
+                      f"{row['model_ratio_h200']:.2f}x", flush=True)
                 caches = None
                 if cuda:
                     torch.cuda.empty_cache()

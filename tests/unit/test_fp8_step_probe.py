@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.bench_modules import BENCH as BENCH_DIR
 from tests.bench_modules import bench_module
 
 
@@ -36,3 +37,29 @@ def test_fp8_layers_compute_what_bf16_layers_do(probe, form):
     with torch.no_grad():
         a, b = ref.step(xs, emb, caches, 8), fp8.step(xs, emb, fp8.caches(2, 9), 8)
     assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item() > 0.99
+
+
+def test_the_dry_run_writes_the_models_column_without_the_package_installed(tmp_path):
+    """The GPU machine runs `python bench/fp8_step_probe.py` from a copy of the repository with plain PyTorch, the
+    package not installed: the probe finds rollout_service's perfmodel beside it and fills model_ratio_h200 (it came
+    back empty from an H100 while it needed the installed package)."""
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+
+    pytest.importorskip("torch")
+    bench = BENCH_DIR / "fp8_step_probe.py"
+    # -S: no site, so no .pth files and no editable install; the site-packages directory on PYTHONPATH gives torch
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    bare = subprocess.run([sys.executable, "-S", "-c", "import torch, rollout_service"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert bare.returncode != 0 and "rollout_service" in bare.stderr, "the package is importable without the repo"
+    out = tmp_path / "probe.json"
+    run = subprocess.run([sys.executable, "-S", str(bench), "--dry-run", "--batches", "1", "--widths", "1",
+                          "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["model_ratio_h200"] for c in cells] == [pytest.approx(bench_module("fp8_step_probe").model_ratio(
+        1, 1, 1024))]
+    assert 1.0 < cells[0]["model_ratio_h200"] < 2.0
