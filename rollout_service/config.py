@@ -292,9 +292,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     idempotency_ttl_s: option(float, "how long finished requests stay replayable (seconds)") = 600.0
     shutdown_grace_s: option(float, "grace period on SIGTERM (seconds)") = 5.0
     state_dir: option(str, "directory (on a volume) where the committed policy and drafter versions and their "
-                           "weight files survive a restart: a restarted server serves them again before it says "
-                           "ready (pool/committed.py). Empty: a restarted server serves its model's version 0 and "
-                           "says so (GetStatus.durability)", "--state-dir", shown="`\"\"` = none") = ""
+                           "weight files, and the LoRA adapters' committed versions, survive a restart: a restarted "
+                           "server serves them again before it says ready (pool/committed.py, pool/adapters.py). "
+                           "Empty: a restarted server serves its model's version 0 and no adapter, and says so "
+                           "(GetStatus.durability)", "--state-dir", shown="`\"\"` = none") = ""
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     sessions: SessionConfig = msgspec.field(default_factory=SessionConfig)
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)

@@ -7,6 +7,8 @@ import os
 import signal
 
 COMMIT_POINTS = ("prepared", "paused", "applied", "labelled", "resumed", "files_recorded", "manifest_written")
+# an adapter commit's (weights/adapter_commit.py): its directory written, loaded on every engine, its record written
+ADAPTER_COMMIT_POINTS = ("adapter_files_written", "adapter_loaded", "adapter_record_written")
 
 
 def crash_point(name: str) -> None:

@@ -166,6 +166,7 @@ class WeightSync:
         sync = WeightSync(client, master_address="10.0.0.5")   # the address engines reach this trainer at
         sync.connect()                                         # once: the group forms (rank 0 hosts it)
         result = sync.push(model, version=step, mode="keep")   # every step: the new version serves on return
+        sync.push_adapter("alice", peft_model, version=step)   # a LoRA adapter: only its tensors move
 
     Sharded trainers: WeightSync(client if rank == 0 else None, rank=r, ranks=R, master_port=P) on every rank (P
     chosen by the launcher, the same everywhere); push(part) with each rank's own tensors (no name twice). Rank 0
@@ -223,6 +224,26 @@ class WeightSync:
         """Send this rank's tensors (an nn.Module or a name->tensor dict) as `version` of `target`. Rank 0 returns
         the PushResult once the new version serves (the others None). Raises with the service's reason when it
         refuses the push (nothing is sent then) or the commit fails (the previous version keeps serving)."""
+        return self._push(tensors_of(weights, dtype), version, target=target, mode=mode, partial=partial,
+                          timeout=timeout)
+
+    def push_adapter(self, name: str, adapter, version: int, *, config=None, dtype=None,
+                     timeout: float | None = None):
+        """Send a LoRA adapter as version `version` of policy `name` over the group (RolloutClient.push_adapter's
+        fast path): a PEFT model (only its adapter's tensors and config), or a PEFT-named tensor dict with `config`
+        (PEFT's adapter_config as a dict or JSON text; rank 0's is the one sent). Sharded: each rank its own part
+        (a dict, possibly empty). Committed on every engine or on none, as a push."""
+        from rollout_client.client import adapter_payload
+
+        if hasattr(adapter, "peft_config") or config is not None:
+            tensors, text = adapter_payload(adapter, config)
+        else:
+            tensors, text = dict(adapter), ""
+        pairs = [(n, t.detach().to("cpu", dtype or t.dtype)) for n, t in tensors.items()]
+        return self._push(pairs, version, target="adapter", timeout=timeout, adapter=name, adapter_config=text)
+
+    def _push(self, pairs, version: int, *, target: str, mode: str = "wait", partial: bool = False,
+              timeout: float | None = None, adapter: str = "", adapter_config: str = ""):
         import json
 
         from rollout_client.api import pb
@@ -231,7 +252,6 @@ class WeightSync:
 
         if self.pg is None:
             raise RuntimeError("connect() first (again after a failed push: the service closed the group)")
-        pairs = tensors_of(weights, dtype)
         mine = metas_of(pairs)
         key = f"rollout/push/{self._pushes}"
         self._pushes += 1
@@ -243,7 +263,8 @@ class WeightSync:
                        for r, part in enumerate(parts) for n, d, s in part]
             call = self.client.stub.TransferWeights(pb.TransferRequest(
                 version=version, target=TARGETS[target], in_flight=MODES[mode], partial=partial, tensors=tensors,
-                group_id=self.group.group_id), timeout=timeout, metadata=self.client.auth.admin())
+                group_id=self.group.group_id, adapter=adapter, adapter_config=adapter_config), timeout=timeout,
+                metadata=self.client.auth.admin())
             try:
                 first = next(call)
             except Exception as e:

@@ -100,6 +100,12 @@ class Engine(abc.ABC):
         discard_weights). record_path: also write them there as safetensors (empty: do not)."""
         raise NotImplementedError(f"{type(self).__name__} has no weight-transfer backend")
 
+    async def receive_transfer(self, update_info: dict, record_path: str, on_receiving) -> None:
+        """Take part in a push over the weight-transfer group without loading what arrives into a model (a LoRA
+        adapter's tensors, loaded after as an adapter): calls on_receiving() once the engine listens, returns once
+        every tensor arrived. record_path (non-empty on one engine): also write them there as safetensors."""
+        raise NotImplementedError(f"{type(self).__name__} has no weight-transfer backend")
+
     @abc.abstractmethod
     async def swap_weights(self, target: str) -> None:
         """Serve the prepared weights from the next step on (engine paused)."""

@@ -12,12 +12,17 @@
   heartbeat; pending `generate` calls fail (UNAVAILABLE, retriable, the request id is released) and the
   supervisor restarts the engine as a new actor at the committed versions (WeightCommitter).
 - Cancellation: cancelling `generate` cancels the actor task (`ray.cancel`), which aborts the vLLM request.
+- LoRA adapters: an adapter version's PEFT files go through the object store like a commit's weights; each actor
+  writes them to a folder of its own node (its scratch folder) and loads them as the vLLM LoRA the pool named. A
+  request on the adapter runs on that folder; an actor asked for an adapter it does not hold refuses the request
+  (the pool loads every version on every engine before routing to it).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -44,6 +49,7 @@ class EngineActor:
 
         lifeline.mark_front_end()      # the engine's processes die with this actor (Ray ends it with the server)
         self.engine = VllmEngine(engine_id, model_path, msgspec.json.decode(cfg, type=EngineConfig))
+        self.adapter_dirs: dict[int, Path] = {}   # LoRA id -> its PEFT folder on this node
 
     async def start(self) -> str:
         await self.engine.start()
@@ -53,8 +59,37 @@ class EngineActor:
         return self.engine.patches
 
     async def generate(self, req: bytes) -> bytes:
-        result = await self.engine.generate(msgspec.msgpack.decode(req, type=SeqRequest))
+        seq = msgspec.msgpack.decode(req, type=SeqRequest)
+        if seq.lora_id:               # the adapter's files on this node, not the front end's path
+            folder = self.adapter_dirs.get(seq.lora_id)
+            if folder is None:
+                raise RuntimeError(f"{self.engine.id}: adapter {seq.lora_name} (LoRA {seq.lora_id}) is not loaded on "
+                                   "this engine")
+            seq = msgspec.structs.replace(seq, lora_path=str(folder))
+        result = await self.engine.generate(seq)
         return msgspec.msgpack.encode(result)
+
+    async def add_adapter(self, name: str, lora_id: int, refs: list) -> None:
+        """`refs`: the object-store copies of the version's adapter_config.json and adapter_model.safetensors."""
+        from rollout_service.weights.adapters import CONFIG_FILE, WEIGHTS_FILE
+
+        config, weights = await asyncio.gather(*refs)       # refs inside a list are not resolved by Ray
+        folder = _adapters_root() / str(lora_id)
+        await asyncio.to_thread(_write_adapter, folder, {CONFIG_FILE: config, WEIGHTS_FILE: weights})
+        try:
+            await self.engine.add_adapter(name, lora_id, str(folder))
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+            raise
+        self.adapter_dirs[lora_id] = folder
+
+    async def remove_adapter(self, lora_id: int) -> None:
+        folder = self.adapter_dirs.pop(lora_id, None)
+        try:
+            await self.engine.remove_adapter(lora_id)
+        finally:
+            if folder is not None:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def alive(self) -> bool:
         return self.engine.alive()
@@ -91,6 +126,9 @@ class EngineActor:
     async def prepare_transfer(self, update_info: dict, target: str, record_path: str) -> None:
         await self.engine.prepare_transfer(update_info, target, record_path, lambda: None)
 
+    async def receive_transfer(self, update_info: dict, record_path: str) -> None:
+        await self.engine.receive_transfer(update_info, record_path, lambda: None)
+
     async def swap_weights(self, target: str) -> None:
         await self.engine.swap_weights(target)
 
@@ -104,7 +142,25 @@ class EngineActor:
         return await self.engine.k_control_snapshot()
 
     async def shutdown(self) -> None:
-        await self.engine.shutdown()
+        try:
+            await self.engine.shutdown()
+        finally:
+            await asyncio.to_thread(shutil.rmtree, _adapters_root(), True)
+
+
+def _adapters_root() -> Path:
+    """This actor's adapter folders: in its process's scratch folder (removed at shutdown; a killed actor's is swept
+    by the next server started on its node, scratch.sweep_stale_roots)."""
+    from rollout_service.scratch import scratch_root
+
+    return scratch_root() / "ray-adapters"
+
+
+def _write_adapter(folder: Path, files: dict[str, bytes]) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(memoryview(data))
 
 
 def _local_files(datas: list[bytes]) -> list[str]:
@@ -262,11 +318,25 @@ class RayEngine(Engine):
         on_receiving()            # the broadcast waits for the actor's workers to listen anyway
         await done
 
+    async def receive_transfer(self, update_info: dict, record_path: str, on_receiving) -> None:
+        done = self.actor.receive_transfer.remote(update_info, record_path)
+        on_receiving()            # the broadcast waits for the actor's workers to listen anyway
+        await done
+
     async def swap_weights(self, target: str) -> None:
         await self.actor.swap_weights.remote(target)
 
     async def discard_weights(self) -> None:
         await self.actor.discard_weights.remote()
+
+    async def add_adapter(self, name: str, lora_id: int, path: str) -> None:
+        from rollout_service.weights.adapters import CONFIG_FILE, WEIGHTS_FILE
+
+        refs = await _SharedFile.get([str(Path(path) / CONFIG_FILE), str(Path(path) / WEIGHTS_FILE)])
+        await _cause(self.actor.add_adapter.remote(name, lora_id, refs))
+
+    async def remove_adapter(self, lora_id: int) -> None:
+        await _cause(self.actor.remove_adapter.remote(lora_id))
 
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         await self.actor.set_versions.remote(policy_version, draft_version)
@@ -294,6 +364,17 @@ class RayEngine(Engine):
             remove_placement_group(self.pg)
             self.pg = None
         self.state = EngineState.STOPPED
+
+
+async def _cause(ref):
+    """Await an actor call; an exception inside the actor is re-raised as its cause (vLLM's refusal of an adapter
+    stays a ValueError: the push's fault, not the engine's)."""
+    import ray
+
+    try:
+        return await ref
+    except ray.exceptions.RayTaskError as e:
+        raise e.as_instanceof_cause() from None
 
 
 def actor_env(environ=os.environ) -> dict[str, str]:

@@ -340,6 +340,12 @@ class VllmEngine(Engine):
         log.info("%s: prepared %s weights (%s)", self.id, target,
                  ", ".join(f"{k} {v:.3f} s" for k, v in result.get("phases_s", {}).items()))
 
+    async def receive_transfer(self, update_info: dict, record_path: str, on_receiving) -> None:
+        result = await self._worker_job("rollout_transfer_receive", (update_info, record_path),
+                                        "receiving tensors over the weight-transfer group", on_receiving)
+        log.info("%s: received %d tensors over the weight-transfer group (%s)", self.id, result.get("tensors", 0),
+                 ", ".join(f"{k} {v:.3f} s" for k, v in result.get("phases_s", {}).items()))
+
     async def _worker_job(self, method: str, args: tuple, what: str, on_started=None) -> dict:
         """Run a worker_ext job that works in a thread of the worker: the RPC returns at once, so the engine core
         keeps stepping; the thread reports through a file (the workers are this process's children on the same

@@ -87,6 +87,42 @@ class RolloutWorkerExtension:
                     "receive": total - sink.load_s - sink.record_s}
         self._rollout_prepare(target, done_path, feed, f"the {type(engine).__name__} group")
 
+    def rollout_transfer_receive(self, update_info: dict, record_path: str, done_path: str) -> None:
+        """Take part in a push over the weight-transfer group without loading what arrives into a model (a LoRA
+        adapter's tensors: the front end makes the record a PEFT directory, which vLLM loads as a LoRA). Every rank of
+        the group takes part in every broadcast; record_path (non-empty on one engine): write the tensors there as
+        safetensors, elsewhere they are dropped once received. In a thread (generation goes on), reported through
+        done_path like a preparation."""
+        engine = self.weight_transfer_engine
+        if engine is None:
+            raise RuntimeError("this engine was started without a weight-transfer backend (engine.weight_transfer)")
+        typed = engine.parse_update_info(dict(update_info))   # a malformed payload fails here, before anything starts
+
+        def run():
+            from rollout_service.engine.record import Recorder
+
+            result: dict = {}
+            t0 = time.perf_counter()
+            try:
+                sink = _Sink(lambda items: None, Recorder(record_path, update_info) if record_path else None)
+                engine.set_weight_update_target(sink, None)
+                try:
+                    engine.receive_weights(typed)
+                    if torch_accelerated():
+                        import torch
+
+                        torch.accelerator.synchronize()
+                finally:
+                    engine.reset_weight_update_target()
+                    sink.close()
+                result["tensors"] = len(update_info["names"])
+                result["phases_s"] = {"record": sink.record_s, "receive": time.perf_counter() - t0 - sink.record_s}
+            except BaseException as err:  # reported to the front end through done_path
+                result["error"] = f"{type(err).__name__}: {err}"
+                log.exception("receiving tensors over the weight-transfer group failed")
+            _report(done_path, result)
+        threading.Thread(target=run, name="rollout-transfer-receive", daemon=True).start()
+
     def rollout_transfer_init(self, init_info: dict, done_path: str) -> None:
         """vLLM's init_weight_transfer_engine in a thread: the rendezvous waits for the trainer's ranks (up to the
         group's timeout), and generation must not stop meanwhile. Reports through done_path like a preparation."""

@@ -21,7 +21,7 @@ from rollout_service.engine.types import SeqRequest
 from rollout_service.config import LoraConfig
 from rollout_service.errors import ServiceError, refused_by_engine, unavailable
 from rollout_service.pool.adapters import AdapterRegistry, AdapterVersion
-from rollout_service.pool.committed import CommittedWeights
+from rollout_service.pool.committed import CommittedWeights, fingerprint
 from rollout_service.pool.fair import FairGate
 from rollout_service.pool.partial import Partial
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
@@ -62,7 +62,11 @@ class EnginePool:
                                           spare_dir=scratch_root(), durable=bool(state_dir))
         self.versions = self.committed.versions
         # LoRA adapters served as policies: their versions loaded on every engine and the sequences on each
-        self.adapters = AdapterRegistry(lora or LoraConfig(), self.committed.state_dir / "adapters")
+        # (durable with a state_dir: state_dir/adapters.json beside committed.json, restored here)
+        policy = self.committed.checkpoints.get("policy")
+        self.adapters = AdapterRegistry(lora or LoraConfig(), self.committed.state_dir / "adapters",
+                                        durable=self.committed.durable,
+                                        base=fingerprint(policy) if policy and self.committed.durable else "")
         # Held by every change to what is served (a commit) and to which engines serve (restart, join, leave),
         # so that an engine joins or leaves only between commits and catches up with all of them.
         self.push_lock = asyncio.Lock()
@@ -76,7 +80,8 @@ class EnginePool:
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         """Engines in processes of their own (Ray actors) start together; the others one at a time. Commits a
-        previous server recorded in the state_dir are replayed on each before it serves."""
+        previous server recorded in the state_dir are replayed on each before it serves, and the adapter versions
+        it recorded loaded."""
         apart = [e for e in self.engines if e.starts_apart]
         together = asyncio.gather(*(e.start() for e in apart))
         try:
@@ -85,11 +90,12 @@ class EnginePool:
                     await e.start()
         finally:
             await together
-        if any(self.committed.restored.values()):
+        if any(self.committed.restored.values()) or self.adapters.restored:
             async with self.push_lock:
                 await self._catch_up(self.engines)
-            log.info("restored from %s: policy version %d, drafter version %d", self.committed.state_dir,
-                     self.policy_version, self.draft_version)
+            log.info("restored from %s: policy version %d, drafter version %d, adapters %s", self.committed.state_dir,
+                     self.policy_version, self.draft_version,
+                     ", ".join(f"{n} {v}" for n, v in sorted(self.adapters.restored.items())) or "none")
 
     async def _catch_up(self, engines: list[Engine]) -> None:
         """Bring engines started from the checkpoints to the committed versions: replay every committed push

@@ -179,7 +179,8 @@ class RolloutServer:
                  self.pool.policy_version, ", ".join(str(r) for r in self.weights.roots))
         if not self.pool.committed.durable:
             log.warning("no state_dir: commits are not kept across a restart; a restarted server serves its "
-                        "model's version 0 (set --state-dir on a volume to keep them)")
+                        "model's version 0%s (set --state-dir on a volume to keep them)",
+                        " and no LoRA adapter" if self.pool.adapters.enabled else "")
 
     def request_stop(self) -> None:
         self._stop.set()

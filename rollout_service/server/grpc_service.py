@@ -226,12 +226,9 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     async def TransferWeights(self, request: pb.TransferRequest, context):
         try:
             target, mode = target_and_mode(request.target, request.in_flight, "TransferWeights: request")
-            if target == "adapter":
-                raise ServiceError(grpc.StatusCode.UNIMPLEMENTED,
-                                   "TransferWeights carries the base policy and the drafter; push an adapter (a few "
-                                   "MB) with PushWeights or LoadWeights and TARGET_ADAPTER")
             async for item in self.transfer.push(request.version, target, mode, request.partial,
-                                                 metas_from_proto(request.tensors), request.group_id):
+                                                 metas_from_proto(request.tensors), request.group_id,
+                                                 adapter=request.adapter, adapter_config=request.adapter_config):
                 if isinstance(item, tuple):
                     yield pb.TransferProgress(ready=pb.TransferReady(total_bytes=item[1]))
                 else:

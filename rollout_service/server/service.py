@@ -71,7 +71,7 @@ class RolloutService:
         are unloaded from every engine once the sequences on them finished."""
         from rollout_service.server.convert import adapter_to_proto
 
-        adapter, drop = self.pool.adapters.unload(name)
+        adapter, drop = await self.weights.adapters.unload(name)      # recorded (a state_dir) before it is gone
         status = adapter_to_proto(adapter)
         if drop:
             await self.pool.unload_adapters(drop)

@@ -6,6 +6,11 @@ their adapter). If any engine fails to load it, the engines that did unload it, 
 adapter's previous versions serve as before. Once every engine holds it, the registry records it as the name's latest
 and the versions beyond engine.lora.versions_kept are unloaded (each once nothing runs on it). Under the pool's push
 lock: no engine restarts or joins mid-commit (those load every recorded version, pool._catch_up).
+
+With a state_dir the commit is durable: the directory is fsynced before the engines load it, and the record
+(pool/adapters.py, state_dir/adapters.json) is written once every engine holds it and before the registry serves it;
+a record that cannot be written fails the commit like an engine that cannot load it. An unload is recorded before it
+takes effect.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ import grpc
 
 from rollout_service.engine.base import EngineState
 from rollout_service.errors import ServiceError
-from rollout_service.pool.adapters import AdapterVersion
+from rollout_service.faults import crash_point
+from rollout_service.pool.adapters import Adapter, AdapterVersion
 from rollout_service.pool.pool import EnginePool
 from rollout_service.weights.adapters import AdapterSpec, write_dir
 from rollout_service.weights.shield import run_to_end
@@ -52,24 +58,32 @@ class AdapterCommitter:
             self.registry.check_push(name, version, "")          # again: a concurrent push may have won
             folder = self.registry.folder(name, version)
             await asyncio.to_thread(shutil.rmtree, folder, True)  # a failed earlier attempt's leftovers
-            await asyncio.to_thread(write_dir, folder, spec.config, weights, keep_file)
+            await asyncio.to_thread(write_dir, folder, spec.config, weights, keep_file, self.registry.durable)
+            crash_point("adapter_files_written")
             av = AdapterVersion(name, version, self.registry.new_id(), folder, spec.rank, num_bytes,
                                 spec.target_modules)
             engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
             t0 = time.perf_counter()
             results = await asyncio.gather(*(e.add_adapter(av.vllm_name, av.lora_id, str(folder)) for e in engines),
                                            return_exceptions=True)
-            failed = [(e, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
+            failed = [(e.id, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
+            loaded = [e for e, r in zip(engines, results) if not isinstance(r, BaseException)]
+            if not failed and self.registry.durable:
+                crash_point("adapter_loaded")
+                try:
+                    await asyncio.to_thread(self.registry.save, self.registry.snapshot(add=av, tenant=tenant))
+                except OSError as e:
+                    failed = [(f"the state_dir ({self.registry.record_path})", e)]
+                crash_point("adapter_record_written")
             if failed:
-                await asyncio.gather(*(e.remove_adapter(av.lora_id) for e, r in zip(engines, results)
-                                       if not isinstance(r, BaseException)), return_exceptions=True)
+                await asyncio.gather(*(e.remove_adapter(av.lora_id) for e in loaded), return_exceptions=True)
                 await asyncio.to_thread(shutil.rmtree, folder, True)
-                engine, err = failed[0]
+                where, err = failed[0]
                 previous = self.registry.adapters.get(name)
                 still = (f"adapter {name!r} version {previous.latest} still serves" if previous and previous.latest
                          else f"adapter {name!r} is not served")
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT if _refused(err) else grpc.StatusCode.INTERNAL,
-                                   f"loading adapter {name!r} version {version} failed on {engine.id} "
+                                   f"loading adapter {name!r} version {version} failed on {where} "
                                    f"({type(err).__name__}: {err}); nothing changed: {still}") from err
             apply_s = time.perf_counter() - t0
             drop = self.registry.record(av, tenant)
@@ -78,6 +92,22 @@ class AdapterCommitter:
         log.info("committed adapter %s version %d (rank %d, %d bytes) on %d engine(s) in %.3f s", name, version,
                  spec.rank, num_bytes, len(engines), apply_s)
         return AdapterCommit(version, apply_s)
+
+    async def unload(self, name: str) -> tuple[Adapter, list[AdapterVersion]]:
+        """UnloadAdapter: no new request may name it from now on, and (with a state_dir) a restarted server does not
+        serve it. Returns it and the versions to unload now (pool.unload_adapters; the others once the sequences on
+        them finished)."""
+        async with self.pool.push_lock:
+            self.registry.check_unload(name)
+            if self.registry.durable:
+                try:
+                    await asyncio.to_thread(self.registry.save, self.registry.snapshot(without=name))
+                except OSError as e:
+                    raise ServiceError(grpc.StatusCode.INTERNAL,
+                                       f"unloading adapter {name!r}: recording it in the state_dir "
+                                       f"({self.registry.record_path}) failed ({type(e).__name__}: {e}); nothing "
+                                       "changed: it still serves") from e
+            return self.registry.unload(name)
 
 
 def _refused(err: BaseException) -> bool:

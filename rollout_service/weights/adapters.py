@@ -137,10 +137,14 @@ def check_size(num_bytes: int, max_mb: float, where: str) -> None:
                            "rank or fewer target_modules) or raise --max-adapter-mb")
 
 
-def write_dir(folder: Path, config: dict, weights: Path, keep: bool) -> Path:
+def write_dir(folder: Path, config: dict, weights: Path, keep: bool, durable: bool = False) -> Path:
     """A PEFT adapter directory vLLM loads: `folder`/adapter_config.json and adapter_model.safetensors (moved from
-    `weights`, or copied with keep=True). Blocking: call it in a thread."""
+    `weights`, or copied with keep=True). durable: the files, the folder and its two parents (the adapter's and the
+    adapters' folders) fsynced, so a record naming it may follow. Blocking: call it in a thread."""
+    import os
     import shutil
+
+    from rollout_service.pool.adapters import fsync_dir
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(config))
@@ -148,4 +152,13 @@ def write_dir(folder: Path, config: dict, weights: Path, keep: bool) -> Path:
         shutil.copyfile(weights, folder / WEIGHTS_FILE)
     else:
         shutil.move(weights, folder / WEIGHTS_FILE)
+    if durable:
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            fd = os.open(folder / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for d in (folder, folder.parent, folder.parent.parent):
+            fsync_dir(d)
     return folder

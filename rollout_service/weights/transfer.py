@@ -7,6 +7,11 @@ the WeightCommitter like any push (every engine prepares a shadow while it keeps
 it; then pause, swap, label, resume; all or none). One engine also writes what it receives to a safetensors file:
 the committed record that restarts and rollbacks replay. A push that fails after the engines started receiving
 leaves the group unusable (a collective cannot be resumed half-way): it is closed, and the trainer sets it up again.
+
+A LoRA adapter (target "adapter") moves the same way and commits as a push does: its config and tensors are checked
+before a byte moves, every engine receives the tensors without loading them into a model (one records them), and
+the record becomes the version's PEFT directory, committed on every engine or on none (weights/adapter_commit.py).
+A commit that fails after every engine received (an engine refusing the adapter) leaves the group in step.
 """
 from __future__ import annotations
 
@@ -263,14 +268,23 @@ class WeightTransfer:
                                           "stopped answering (its rank 0 exited or was killed)")
 
     # ---- a push ------------------------------------------------------------------------------------
-    async def push(self, version: int, target: str, mode: str, partial: bool, metas: list[Meta], group_id: str):
-        """Yields ("ready", total bytes) once every engine is receiving, then the PushOutcome."""
+    async def push(self, version: int, target: str, mode: str, partial: bool, metas: list[Meta], group_id: str, *,
+                   adapter: str = "", adapter_config: str = ""):
+        """Yields ("ready", total bytes) once every engine is receiving, then the PushOutcome. target "adapter":
+        version `version` of LoRA adapter `adapter` (PEFT's `adapter_config` and tensors)."""
         t0 = time.perf_counter()
+        if target == "adapter":
+            async for item in self._push_adapter(version, adapter, adapter_config, partial, metas, group_id, t0):
+                yield item
+            return
+        if adapter or adapter_config:
+            raise invalid_field("adapter" if adapter else "adapter_config", "is for TARGET_ADAPTER transfers only",
+                                sep=" ", rpc="TransferWeights")
         group = self._check_group(group_id)
         if version <= 0:
             raise invalid_field("version", f"must be > 0, got {version}", sep=" ")
         self.weights.committer.check_version(target, version)
-        names, total, kept = self._validate(metas, target, partial, group)
+        names, total, kept = self._validate(metas, self.weights.manifests[target], group)
         try:
             missing = self.weights.manifests[target].check_complete(names, partial)
         except ServiceError as e:
@@ -334,6 +348,97 @@ class WeightTransfer:
                      t_commit - t0, res.pause_s)
             yield outcome
 
+    async def _push_adapter(self, version: int, name: str, config: str, partial: bool, metas: list[Meta],
+                            group_id: str, t0: float):
+        group = self._check_group(group_id)
+        if partial:
+            raise invalid_field("partial", "an adapter is transferred whole; leave it false", sep=" ",
+                                rpc="TransferWeights")
+        spec = self.weights.adapter_spec(name, version, config, "", "TransferWeights")
+        names, total, _ = self._validate(metas, spec.manifest, group)
+        try:
+            spec.manifest.check_complete(names, False)
+        except ServiceError as e:
+            raise ServiceError(e.code, (PUSH, ": ", *e.parts), field=e.field) from None
+        self._busy("TransferWeights")
+        async with self.lock:
+            group = self._check_group(group_id)          # again: a set-up may have replaced it meanwhile
+            engines = [e for e, _, _ in group.engines]
+            update_info = {"names": [m.name for m in metas], "dtype_names": [m.dtype for m in metas],
+                           "shapes": [list(m.shape) for m in metas]}
+            if group.backend == "gloo":
+                update_info["src_ranks"] = [m.src_rank for m in metas]
+            folder = scratch_root() / "adapter-staging"
+            await asyncio.to_thread(folder.mkdir, exist_ok=True)
+            record = folder / f"transfer-{uuid.uuid4().hex[:8]}.safetensors"
+            receiving = asyncio.Event()
+            listening = set()
+
+            def started(engine_id: str):
+                listening.add(engine_id)
+                if len(listening) == len(engines):
+                    receiving.set()
+
+            async def receive_all():
+                results = await asyncio.gather(*(e.receive_transfer(update_info, str(record) if i == 0 else "",
+                                                                    lambda e=e: started(e.id))
+                                                 for i, e in enumerate(engines)), return_exceptions=True)
+                for r in results:                        # every engine ended its part; the first failure
+                    if isinstance(r, BaseException):
+                        raise r
+
+            def drop_record(_future=None):               # a push that commits nothing: its record goes
+                asyncio.get_running_loop().run_in_executor(None, record.unlink, True)
+            if self.watch and not await _answers(group.dial, group.master_port):
+                await self._close(f"the trainer's rendezvous at {group.master_address}:{group.master_port} does "
+                                  "not answer (its rank 0 exited or was killed)")
+                self._check_group(group_id)                  # FAILED_PRECONDITION, saying why
+            serving = _adapter_serving(self.pool.adapters, name)
+            received = asyncio.ensure_future(receive_all())
+            ready = asyncio.ensure_future(receiving.wait())
+            try:
+                await asyncio.wait([received, ready], return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                self._abandon(group, received, ready)
+                received.add_done_callback(drop_record)
+                raise
+            if not receiving.is_set():
+                ready.cancel()
+                try:
+                    await self._failed(received, group, "adapter", bool(listening), serving)
+                finally:
+                    drop_record()
+            t_receive = time.perf_counter()
+            try:
+                yield ("ready", total)
+                await asyncio.shield(received)
+            except (asyncio.CancelledError, GeneratorExit):
+                self._abandon(group, received, ready)
+                received.add_done_callback(drop_record)
+                raise
+            except Exception:  # noqa: BLE001 - the receive's failure, as a status the trainer can act on
+                try:
+                    await self._failed(received, group, "adapter", True, serving)
+                finally:
+                    drop_record()
+                raise
+            receive_s = time.perf_counter() - t_receive
+            # every engine received: the group is in step whatever the commit does; the commit runs to its end
+            res = await asyncio.shield(asyncio.ensure_future(self._commit_adapter(name, version, spec, record, total)))
+            outcome = PushOutcome(res.version, "adapter", len(names), total, False, receive_s, 0.0, res.apply_s, 0.0,
+                                  time.perf_counter() - t0, 0.0, adapter=name)
+            log.info("transfer push of adapter %s version %d: %.2f MB received in %.3f s, loaded in %.3f s", name,
+                     version, total / 1e6, receive_s, res.apply_s)
+            yield outcome
+
+    async def _commit_adapter(self, name, version, spec, record, total):
+        """The received record becomes the version's PEFT directory (moved), committed on every engine or on none;
+        a record the commit did not take is removed."""
+        try:
+            return await self.weights.adapters.commit(name, version, spec, record, total, "", keep_file=False)
+        finally:
+            await asyncio.to_thread(record.unlink, True)
+
     async def _prepare_one(self, engine: Engine, update_info: dict, target: str, record: str, started) -> bool:
         await engine.prepare_transfer(update_info, target, record, lambda: started(engine.id))
         return True
@@ -347,9 +452,11 @@ class WeightTransfer:
                          "cancelled it)")
         self.settling = asyncio.ensure_future(self._settle(commit, group.engines))
 
-    async def _failed(self, commit: asyncio.Future, group: Group, target: str, started: bool) -> None:
+    async def _failed(self, commit: asyncio.Future, group: Group, target: str, started: bool,
+                      serving: str = "") -> None:
         """The push failed: raises its error as a status a trainer can act on. If any engine had started
-        receiving, the group is out of step and is closed."""
+        receiving, the group is out of step and is closed. serving: what still serves (default: the target's
+        committed version)."""
         try:
             await asyncio.shield(commit)
         except ServiceError as e:
@@ -360,7 +467,7 @@ class WeightTransfer:
             err = e
         else:
             return
-        code, parts = self._push_failure(err, group, target)
+        code, parts = self._push_failure(err, group, target, serving)
         if self.group is group:
             await self._close()
         self.last_error = parts
@@ -388,8 +495,9 @@ class WeightTransfer:
                 "the group's rendezvous: start the trainer's rank 0 there first (it hosts the TCPStore), then call "
                 "InitWeightTransfer again.")
 
-    def _push_failure(self, err: BaseException, group: Group, target: str) -> tuple[grpc.StatusCode, tuple]:
-        serving = f"{target} version {self.pool.versions.get(target, 0)}"
+    def _push_failure(self, err: BaseException, group: Group, target: str,
+                      serving: str = "") -> tuple[grpc.StatusCode, tuple]:
+        serving = serving or f"{target} version {self.pool.versions.get(target, 0)}"
         dead = self._dead(group)
         text = str(err)
         if dead or "EngineDead" in text or "engine core died" in text:
@@ -423,11 +531,10 @@ class WeightTransfer:
                                 "call ", INIT, " again"))
         return g
 
-    def _validate(self, metas: list[Meta], target: str, partial: bool, group: Group):
+    def _validate(self, metas: list[Meta], manifest, group: Group):
         if not metas:
             raise invalid_field("tensors", "is empty; list every tensor the trainer ranks will send", sep=" ",
                                 rpc="TransferWeights")
-        manifest = self.weights.manifests[target]
         seen, kept, total = set(), [], 0
         for i, m in enumerate(metas):
             field = f"tensors[{i}]"
@@ -450,6 +557,12 @@ class WeightTransfer:
                 raise ServiceError(e.code, (PUSH, ": ", Name(field), " ", *e.parts), field=field) from None
             total += ITEMSIZE[m.dtype] * math.prod(m.shape)
         return list(seen), total, kept
+
+
+def _adapter_serving(registry, name: str) -> str:
+    a = registry.adapters.get(name)
+    return (f"adapter {name!r} version {a.latest}" if a is not None and a.latest and not a.unloading
+            else f"no version of adapter {name!r}")
 
 
 async def _bounded(awaitables: list, timeout_s: float) -> list:

@@ -2,8 +2,9 @@
 with peft on the tiny model, pushed and loaded under names with their own version lines; every sample's tokens and
 log-probs checked against an independent forward pass of the base model with that adapter version merged (peft's
 merge_and_unload), adapters and the base mixed in one engine batch; versions kept and evicted; partial samples
-continuing on their adapter; the vLLM and SGLang dialects' adapter endpoints; a base push under loaded adapters."""
-import copy
+continuing on their adapter; the vLLM and SGLang dialects' adapter endpoints; a base push under loaded adapters; an
+adapter over the weight-transfer group (TransferWeights); adapters served again by a service restarted on its
+state_dir."""
 import dataclasses
 import json
 import threading
@@ -15,19 +16,19 @@ import torch
 
 from rollout_client import RolloutClient
 from rollout_service.drafting.reference import processed_logprobs
+from tests.integration.adapters import PROMPTS, RANK, TARGETS, check, make_adapter, merged
 from tests.integration.services import running_service
 
 pytestmark = pytest.mark.integration
-PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
-RANK = 8
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @pytest.fixture(scope="module")
 def lora_service(tiny_model, tmp_path_factory):
+    """With a state_dir: the module's last test restarts it there."""
     with running_service(tiny_model, tmp_path_factory.mktemp("lora-logs") / "service.log",
                          "--max-adapters", "4", "--max-lora-rank", str(RANK), "--adapter-versions-kept", "2",
-                         "--weights-root", str(tmp_path_factory.getbasetemp())) as svc:
+                         "--weights-root", str(tmp_path_factory.getbasetemp()),
+                         "--state-dir", str(tmp_path_factory.mktemp("lora-state"))) as svc:
         yield svc
 
 
@@ -35,38 +36,6 @@ def lora_service(tiny_model, tmp_path_factory):
 def lc(lora_service):
     with RolloutClient(lora_service.target) as c:
         yield c
-
-
-def make_adapter(base_dir, seed: int, r: int = RANK, targets=TARGETS):
-    """A PEFT LoRA model over the tiny base with random A and B (PEFT starts B at zero: an adapter that changes
-    nothing would prove nothing)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, lora_dropout=0.0))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
-    return model.eval()
-
-
-def merged(peft_model, base):
-    """An independent transformers model: `base` (a transformers model) with the adapter's weights merged in."""
-    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-
-    m = get_peft_model(copy.deepcopy(base), copy.deepcopy(peft_model.peft_config["default"]))
-    set_peft_model_state_dict(m, get_peft_model_state_dict(peft_model))
-    return m.merge_and_unload().eval()
-
-
-def check(samples, reference, prompts=PROMPTS, temperature=1.0, atol=1e-3):
-    for p, group in enumerate(samples):
-        for s in group:
-            ref = processed_logprobs(reference, prompts[p], s.token_ids.tolist(), temperature, 0, 1.0)
-            np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=atol, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +175,32 @@ def test_a_base_push_under_loaded_adapters(lc, adapters, tiny_model, hf_model):
         lc.push_weights(hf_model, v + 1)
 
 
+def test_an_adapter_transferred_over_the_weight_transfer_group(lc, tiny_model, hf_model):
+    """TransferWeights with TARGET_ADAPTER: the trainer broadcasts only the adapter's tensors over the gloo group and
+    they are committed as a version of the name on every engine; its samples carry the log-probs of the base with
+    that version merged. A refused transfer (a version not newer) moves nothing and leaves the group usable."""
+    from rollout_client.transfer import WeightSync
+
+    dave = [make_adapter(tiny_model, s, targets=["q_proj", "o_proj", "up_proj"]) for s in (41, 42)]
+    sync = WeightSync(lc, timeout_s=20)
+    sync.connect(timeout=60)
+    try:
+        r = sync.push_adapter("dave", dave[0], 1)
+        assert (r.target, r.version, r.num_tensors) == ("adapter", 1, 2 * 3 * 2)
+        with pytest.raises(grpc.RpcError) as e:
+            sync.push_adapter("dave", dave[1], 1)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not newer" in e.value.details()
+        assert sync.push_adapter("dave", dave[1], 2).version == 2
+    finally:
+        sync.close()
+    for version in (1, 2):
+        out = lc.generate_all(PROMPTS, n=2, max_tokens=8, ignore_eos=True, temperature=1.0, seed=9, policy="dave",
+                              policy_version=version)
+        assert all(s.policy == "dave" and s.version_spans == [(version, 0)] for g in out for s in g)
+        check(out, merged(dave[version - 1], hf_model))
+    lc.unload_adapter("dave")                                  # room for the trainers' two adapters
+
+
 def test_two_lora_trainers_share_the_service(lora_service, lc, tiny_model, tmp_path):
     """The bundled trainer with --lora, twice at once against this service: each trains its own adapter on its own
     reward (arithmetic, sync; brevity, async), pushes only the adapter each step, and samples exactly the adapter it
@@ -240,3 +235,40 @@ def test_two_lora_trainers_share_the_service(lora_service, lc, tiny_model, tmp_p
                 assert abs(r["is_weight_mean"] - 1) < 0.02 and r["is_truncated_fraction"] == 0, r
         assert st[name].version == 3 and st[name].samples_total >= 12     # initial push + one per step
     assert lc.status().policy_version == base_version
+
+
+def test_adapters_are_served_again_after_a_restart_on_the_state_dir(lora_service, adapters):
+    """Last in this module: it restarts the module's service (a new process on the same --state-dir). Every adapter
+    comes back at the versions it served (an unloaded one stays unloaded), and a seeded request, over gRPC and
+    with the vLLM dialect's model = the adapter, gets the tokens and log-probs it got before the restart."""
+    import httpx
+
+    body = {"model": "alice", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 1.0, "seed": 11, "logprobs": 0,
+            "ignore_eos": True, "return_token_ids": True}
+
+    def served():
+        with RolloutClient(lora_service.target) as c:
+            st = {a.name: (a.version, list(a.loaded_versions), a.rank, sorted(a.target_modules), a.tenant)
+                  for a in c.status().adapters}
+            kept = st["alice"][1]
+            grpc_out = [c.generate_all(PROMPTS, n=2, max_tokens=8, ignore_eos=True, temperature=1.0, seed=11,
+                                       policy="alice", policy_version=v) for v in kept]
+            bob = c.generate_all(PROMPTS[:1], max_tokens=8, ignore_eos=True, temperature=0, policy="bob")
+        with httpx.Client(base_url=lora_service.http, timeout=120) as http:
+            r = http.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+        return st, grpc_out + [bob], r.json()["choices"][0]
+
+    before = served()
+    assert lora_service.stop() == 0
+    lora_service.start()
+    after = served()
+    assert after[0] == before[0] and "carol" not in after[0]       # carol was unloaded (the dialects' test)
+    for g_before, g_after in zip(before[1], after[1]):
+        for a, b in zip((s for g in g_before for s in g), (s for g in g_after for s in g)):
+            assert b.token_ids.tolist() == a.token_ids.tolist() and b.version_spans == a.version_spans
+            np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
+    assert after[2]["token_ids"] == before[2]["token_ids"]
+    np.testing.assert_allclose(after[2]["logprobs"]["token_logprobs"], before[2]["logprobs"]["token_logprobs"],
+                               atol=1e-5, rtol=0)
+    assert "restored from" in lora_service.log_path.read_text()

@@ -1,7 +1,7 @@
 """The engine pool on a real local Ray cluster (started here, bounded in time): two engine actors on the
-tiny model; generation spread over both, a weight push committed on both, an actor killed mid-stream
-and the pool recovering with no accepted request lost (the cut request is retried under its id), and
-scaling out and in while serving."""
+tiny model; generation spread over both, a LoRA adapter served by both, a weight push committed on both, an actor
+killed mid-stream and the pool recovering with no accepted request lost (the cut request is retried under its id)
+and its replacement loading the adapter, and scaling out and in while serving."""
 import os
 import signal
 import threading
@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from rollout_client import RolloutClient
 from tests.ray_cluster import LocalRayCluster
+from tests.integration.adapters import RANK, check, make_adapter, merged
 from tests.tiny_models import perturbed_copy
 from tests.integration.services import running_service, wait_for
 
@@ -29,7 +30,7 @@ def ray_cluster():
 def ray_service(tiny_model, ray_cluster, tmp_path_factory):
     log = tmp_path_factory.mktemp("ray") / "service.log"
     with running_service(tiny_model, log, "--ray-address", ray_cluster, "--engines", "2", "--ray-cpus-per-engine", "1",
-                         startup_timeout=600) as svc:
+                         "--max-adapters", "2", "--max-lora-rank", str(RANK), startup_timeout=600) as svc:
         yield svc, log
 
 
@@ -96,6 +97,28 @@ def test_turns_of_a_session_stay_on_one_engine_and_find_their_history_cached(ray
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "session_id" in e.value.details()
 
 
+@pytest.fixture(scope="module")
+def alice(ray_service, tiny_model):
+    """A LoRA adapter pushed once as version 1 of policy "alice"; each actor loads it from the object store into a
+    folder of its own."""
+    alice = make_adapter(tiny_model, 31, targets=["q_proj", "v_proj", "down_proj"])
+    with RolloutClient(ray_service[0].target) as c:
+        assert c.push_adapter("alice", alice, 1).version == 1
+    return alice
+
+
+def test_an_adapter_is_served_by_both_ray_engines(ray_service, alice, hf_model):
+    """Samples of the adapter on both engines carry the log-probs of the base with the adapter merged (an
+    independent forward pass)."""
+    svc, _ = ray_service
+    with RolloutClient(svc.target) as c:
+        before = [e.samples_finished for e in c.status().engines]
+        groups = c.generate_all(PROMPTS, n=2, max_tokens=8, ignore_eos=True, temperature=1.0, seed=5, policy="alice")
+        assert all(s.policy == "alice" and s.version_spans == [(1, 0)] for g in groups for s in g)
+        check(groups, merged(alice, hf_model), prompts=PROMPTS)
+        assert all(e.samples_finished > b for e, b in zip(c.status().engines, before))      # both engines
+
+
 def test_weight_push_commits_on_both_ray_engines(ray_service, tiny_model, tmp_path):
     svc, _ = ray_service
     pushed = load_file(str(perturbed_copy(tiny_model, tmp_path / "v1", scale=0.05, seed=5) / "model.safetensors"))
@@ -108,7 +131,7 @@ def test_weight_push_commits_on_both_ray_engines(ray_service, tiny_model, tmp_pa
         assert {s.policy_version for g in groups for s in g} == {v}
 
 
-def test_killed_actor_is_replaced_and_no_accepted_request_is_lost(ray_service):
+def test_killed_actor_is_replaced_and_no_accepted_request_is_lost(ray_service, alice):
     svc, log = ray_service
     with RolloutClient(svc.target) as c:
         version = c.status().policy_version
@@ -138,6 +161,11 @@ def test_killed_actor_is_replaced_and_no_accepted_request_is_lost(ray_service):
         retry = c.generate_all(PROMPTS * 2, n=2, max_tokens=300, ignore_eos=True, request_id="ray-kill")
         assert sorted((s.prompt_index, s.sample_index) for g in retry for s in g) == \
             sorted((p, s) for p in range(8) for s in range(2))
+        # the new actor loaded the adapter before serving (an actor without it refuses its requests)
+        before = [e.samples_finished for e in c.status().engines]
+        groups = c.generate_all(PROMPTS * 2, max_tokens=4, policy="alice")
+        assert all(s.version_spans == [(1, 0)] for g in groups for s in g)
+        assert all(e.samples_finished > b for e, b in zip(c.status().engines, before))
     assert victim.pid not in {p.pid for p in actor_processes()} and len(actor_processes()) == 2
     assert "is dead" in log.read_text()
 

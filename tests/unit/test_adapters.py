@@ -1,10 +1,12 @@
 """LoRA adapters as policies, bookkeeping only (FakeEngines): the PEFT config and tensor checks, commits on every
 engine or none, each name's version line, the versions kept loaded (samples in flight finish on theirs), the limits,
-admission by policy name and version, restarts loading every adapter. Tokens and log-probs against a merged forward
+admission by policy name and version, restarts loading every adapter, adapters kept across a server restart with a
+state_dir (and a server killed at each phase of an adapter commit). Tokens and log-probs against a merged forward
 pass are tests/integration/test_lora.py's."""
 import asyncio
 import functools
 import json
+import math
 
 import grpc
 import pytest
@@ -15,8 +17,10 @@ from safetensors.torch import save_file
 from rollout_service.api import pb
 from rollout_service.config import LoraConfig
 from rollout_service.errors import ServiceError
+from rollout_service.faults import ADAPTER_COMMIT_POINTS
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
+from rollout_service.scratch import scratch_root
 from rollout_service.server.service import RolloutService
 from rollout_service.validation import Limits
 from rollout_service.weights.adapters import PREFIX, parse_config
@@ -69,9 +73,10 @@ def manifest(ckpt):
     return read_manifest(ckpt, "float32")
 
 
-async def make(ckpt, engines=2, **lora):
+async def make(ckpt, engines=2, state_dir="", **lora):
     pool = EnginePool([FakeEngine(f"e{i}", vocab_size=50, step_s=0.002) for i in range(engines)], max_queue=64,
-                      checkpoints={"policy": ckpt}, lora=LoraConfig(**({"max_adapters": 2} | lora)))
+                      checkpoints={"policy": ckpt}, lora=LoraConfig(**({"max_adapters": 2} | lora)),
+                      state_dir=state_dir)
     await pool.start()
     weights = WeightService.create(pool, "float32", weights_roots=[str(ckpt.parent)])
     model = ModelInfo(path=str(ckpt), vocab_size=50, max_model_len=256, tokenizer=None)
@@ -303,3 +308,272 @@ async def test_load_adapter_from_a_peft_directory(ckpt):
         await weights.load(str(d), 3, "adapter", "wait", False, adapter="carol")
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "shape" in str(e.value)
     assert pool.adapters.adapters["carol"].latest == 2
+
+
+# ---- kept across a restart (a state_dir) ---------------------------------------------------------------------
+@sync
+async def test_a_new_server_on_the_state_dir_serves_the_committed_adapters(ckpt, tmp_path):
+    state = tmp_path / "state"
+    pool, weights, service = await make(ckpt, state_dir=state, versions_kept=2)
+    for v in (1, 2, 3):
+        await push(weights, "alice", v, tenant="team-a")
+    await push(weights, "bob", 5)
+    status = await service.unload_adapter("bob")                 # durable at once: bob does not come back
+    assert status.name == "bob"
+    assert not pool.adapters.folder("alice", 1).exists()
+
+    again, weights2, service2 = await make(ckpt, state_dir=state, versions_kept=2)
+    a = again.adapters.adapters["alice"]
+    assert (a.latest, sorted(a.versions), a.tenant) == (3, [2, 3], "team-a")
+    assert set(again.adapters.adapters) == {"alice"} and again.adapters.restored == {"alice": [2, 3]}
+    assert [sorted(e.adapters.values()) for e in again.engines] == [["alice@v2", "alice@v3"]] * 2
+    got = await samples(service2, request("alice"))
+    assert [r.version_spans for r in got] == [[(3, 0)]] * 2
+    got = await samples(service2, request("alice", version=2))
+    assert [r.version_spans for r in got] == [[(2, 0)]] * 2
+    assert sorted(p.name for p in (state / "adapters").iterdir()) == ["alice"]
+    with pytest.raises(ServiceError) as e:                        # versions still increase after the restart
+        await push(weights2, "alice", 3)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    await push(weights2, "alice", 4)
+    third, _, _ = await make(ckpt, state_dir=state, versions_kept=2)
+    assert sorted(third.adapters.adapters["alice"].versions) == [3, 4]
+    assert sorted(p.name for p in (state / "adapters" / "alice").iterdir()) == ["v3", "v4"]
+
+
+@sync
+async def test_without_a_state_dir_a_new_server_serves_no_adapter(ckpt):
+    pool, weights, _ = await make(ckpt)
+    await push(weights, "alice", 1)
+    again, _, service = await make(ckpt)
+    assert not again.adapters.adapters and not again.adapters.restored
+    with pytest.raises(ServiceError) as e:
+        await service.admit(request("alice"))
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+@sync
+async def test_recorded_adapters_this_server_cannot_serve_are_refused_naming_why(ckpt, tmp_path):
+    from rollout_service.config import ConfigError
+
+    state = tmp_path / "state"
+    _, weights, _ = await make(ckpt, state_dir=state, max_rank=8)
+    await push(weights, "alice", 1)
+    await push(weights, "bob", 1)
+    for lora, words in (({"max_adapters": 0}, "--max-adapters 2"), ({"max_adapters": 1}, "--max-adapters 2"),
+                        ({"max_rank": 2}, "--max-lora-rank 4")):
+        with pytest.raises(ConfigError) as e:
+            await make(ckpt, state_dir=state, **lora)
+        assert words in str(e.value) and str(state / "adapters.json") in str(e.value), str(e.value)
+    (ckpt / "config.json").write_text('{"hidden_size": 6}')           # another base model in the same place
+    with pytest.raises(ConfigError) as e:
+        await make(ckpt, state_dir=state)
+    assert "another base model" in str(e.value)
+
+
+@sync
+async def test_an_adapter_commit_whose_record_cannot_be_written_changes_nothing(ckpt, tmp_path, monkeypatch):
+    pool, weights, service = await make(ckpt, state_dir=tmp_path / "state")
+    await push(weights, "alice", 1)
+
+    def full(record):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(pool.adapters, "save", full)
+    with pytest.raises(ServiceError) as e:
+        await push(weights, "alice", 2)
+    assert e.value.code == grpc.StatusCode.INTERNAL and "No space left" in str(e.value)
+    assert "version 1 still serves" in str(e.value)
+    assert [sorted(e.adapters.values()) for e in pool.engines] == [["alice@v1"]] * 2
+    assert pool.adapters.adapters["alice"].latest == 1 and not pool.adapters.folder("alice", 2).exists()
+    with pytest.raises(ServiceError) as e:
+        await service.unload_adapter("alice")
+    assert e.value.code == grpc.StatusCode.INTERNAL and "still serves" in str(e.value)
+    got = await samples(service, request("alice"))
+    assert all(r.version_spans == [(1, 0)] for r in got)
+
+
+def _push_adapter_and_crash(ckpt, state, point):
+    import os
+
+    async def main():
+        _, weights, _ = await make(ckpt, state_dir=state)
+        await push(weights, "alice", 1)
+        os.environ["ROLLOUT_CRASH_AT"] = point
+        await push(weights, "alice", 2)
+    asyncio.run(main())
+    os._exit(3)                                   # the crash point never fired
+
+
+@pytest.mark.parametrize("point", ADAPTER_COMMIT_POINTS)
+def test_a_server_killed_at_any_phase_of_an_adapter_commit_restarts_at_the_old_or_the_new_version(ckpt, tmp_path,
+                                                                                                   point):
+    import multiprocessing
+    import shutil
+
+    from rollout_service import scratch
+
+    state = tmp_path / "state"
+    child = multiprocessing.get_context("fork").Process(target=_push_adapter_and_crash, args=(ckpt, state, point))
+    child.start()
+    child.join(60)
+    shutil.rmtree(scratch._scratch_base() / f"{scratch.ROOT_PREFIX}{child.pid}", ignore_errors=True)
+    assert child.exitcode == -9, f"the server was not killed at {point} (exit {child.exitcode})"
+
+    async def main():
+        pool, weights, service = await make(ckpt, state_dir=state)
+        expected = 2 if point == "adapter_record_written" else 1     # the record is the commit's last word
+        a = pool.adapters.adapters["alice"]
+        versions = list(range(1, expected + 1))
+        assert (a.latest, sorted(a.versions)) == (expected, versions)
+        assert [sorted(e.adapters.values()) for e in pool.engines] == [[f"alice@v{v}" for v in versions]] * 2
+        assert sorted(p.name for p in (state / "adapters" / "alice").iterdir()) == [f"v{v}" for v in versions]
+        if expected == 1:                          # the trainer pushes version 2 again
+            await push(weights, "alice", 2)
+        got = await samples(service, request("alice"))
+        assert all(r.version_spans == [(2, 0)] for r in got)
+    asyncio.run(main())
+
+
+# ---- Ray engines (engine/ray_engine.py's actor side, with a FakeEngine inside) -----------------------------------
+@sync
+async def test_a_ray_actor_serves_an_adapter_from_a_folder_of_its_own(tmp_path, monkeypatch):
+    import msgspec
+
+    from rollout_service.engine import ray_engine
+    from rollout_service.engine.types import SeqRequest, SeqResult
+
+    monkeypatch.setattr(ray_engine, "_adapters_root", lambda: tmp_path / "actor")
+    actor = object.__new__(ray_engine.EngineActor)        # without vLLM: a FakeEngine in it
+    actor.engine, actor.adapter_dirs = FakeEngine("e0", vocab_size=50), {}
+    await actor.engine.start()
+
+    async def ref(data):                                  # an object-store reference, as the actor awaits it
+        return data
+    await actor.add_adapter("alice@v1", 7, [ref(b'{"r": 4}'), ref(b"tensors")])
+    folder = tmp_path / "actor" / "7"
+    assert (folder / "adapter_config.json").read_bytes() == b'{"r": 4}'
+    assert (folder / "adapter_model.safetensors").read_bytes() == b"tensors"
+    assert actor.engine.adapters == {7: "alice@v1"} and ("add_adapter", "alice@v1", 7) in actor.engine.events
+    req = SeqRequest(seq_id="s", prompt_token_ids=[1, 2], max_tokens=3, lora_name="alice@v1", lora_id=7,
+                     lora_path="/the/front/end's/path", adapter_version=1)
+    out = msgspec.msgpack.decode(await actor.generate(msgspec.msgpack.encode(req)), type=SeqResult)
+    assert len(out.token_ids) == 3 and actor.engine.seen[-1].lora_path == str(folder)   # this node's copy
+    with pytest.raises(RuntimeError, match="not loaded on this engine"):
+        await actor.generate(msgspec.msgpack.encode(msgspec.structs.replace(req, lora_id=8)))
+    await actor.remove_adapter(7)
+    assert not folder.exists() and actor.engine.adapters == {} and not actor.adapter_dirs
+    actor.engine.fail_adapter = 1                         # vLLM refuses it: no folder left behind
+    with pytest.raises(RuntimeError, match="injected"):
+        await actor.add_adapter("bob@v1", 9, [ref(b"{}"), ref(b"x")])
+    assert not (tmp_path / "actor" / "9").exists() and not actor.adapter_dirs
+
+
+
+# ---- TransferWeights of an adapter (weights/transfer.py over FakeEngines with a transfer backend) --------------
+async def transfer_setup(ckpt, engines=2):
+    from rollout_service.weights.transfer import WeightTransfer
+    from tests.unit.test_transfer_checks import LOOPBACK_CALLER, JoiningEngine
+
+    pool = EnginePool([JoiningEngine(f"e{i}", vocab_size=50) for i in range(engines)], max_queue=64,
+                      checkpoints={"policy": ckpt}, lora=LoraConfig(max_adapters=2))
+    await pool.start()
+    weights = WeightService.create(pool, "float32", weights_roots=[str(ckpt.parent)])
+    t = WeightTransfer(weights, "gloo", 5.0, watch=False)
+    async for _ in t.init("auto", "127.0.0.1", 29500, 1, 0.0, caller=LOOPBACK_CALLER):
+        pass
+    model = ModelInfo(path=str(ckpt), vocab_size=50, max_model_len=256, tokenizer=None)
+    return pool, t, RolloutService(pool, model, Limits(8, 8), weights, t)
+
+
+def adapter_metas(r=4, **kw):
+    from rollout_service.weights.transfer import Meta
+
+    return [Meta(n, "float32", tuple(x.shape)) for n, x in adapter(r=r, **kw).items()]
+
+
+async def transfer(t, name, version, metas=None, config=None, **kw):
+    out = []
+    async for item in t.push(version, "adapter", "wait", False, adapter_metas() if metas is None else metas,
+                             t.group.group_id, adapter=name, adapter_config=json.dumps(config or CONFIG), **kw):
+        out.append(item)
+    return out
+
+
+@sync
+async def test_an_adapter_transferred_over_the_group_commits_on_every_engine(ckpt):
+    pool, t, service = await transfer_setup(ckpt)
+    ready, out = await transfer(t, "alice", 1)
+    assert ready == ("ready", sum(math.prod(m.shape) * 4 for m in adapter_metas()))
+    assert (out.target, out.adapter, out.version, out.num_tensors) == ("adapter", "alice", 1, 6)
+    assert [e.events[-2:] for e in pool.engines] == [[("receive_transfer", True), ("add_adapter", "alice@v1", 1)],
+                                                     [("receive_transfer", False), ("add_adapter", "alice@v1", 1)]]
+    from safetensors.torch import load_file
+
+    files = load_file(str(pool.adapters.folder("alice", 1) / "adapter_model.safetensors"))
+    assert sorted(files) == sorted(adapter()) and all(torch.equal(x, torch.full(x.shape, 2.0)) for x in files.values())
+    got = await samples(service, request("alice"))
+    assert [r.version_spans for r in got] == [[(1, 0)]] * 2
+    assert not list((scratch_root() / "adapter-staging").glob("transfer-*"))   # no record left
+    await transfer(t, "alice", 2)                       # the group stays up for the next push
+    assert pool.adapters.adapters["alice"].latest == 2 and t.group is not None
+
+
+@sync
+async def test_a_bad_adapter_transfer_is_refused_naming_the_field_before_a_byte_moves(ckpt):
+    from rollout_service.weights.transfer import Meta
+
+    pool, t, _ = await transfer_setup(ckpt)
+    cases = [
+        ({"name": "bad/name"}, grpc.StatusCode.INVALID_ARGUMENT, "adapter"),
+        ({"config": CONFIG | {"r": 64}}, grpc.StatusCode.INVALID_ARGUMENT, "max_rank"),
+        ({"metas": adapter_metas(r=3)}, grpc.StatusCode.INVALID_ARGUMENT, "shape"),
+        ({"metas": adapter_metas()[:-1]}, grpc.StatusCode.INVALID_ARGUMENT, "missing"),
+        ({"metas": adapter_metas() + [Meta("x.lora_A.weight", "float32", (4, 6))]}, grpc.StatusCode.INVALID_ARGUMENT,
+         "x.lora_A.weight"),
+        ({"partial": True}, grpc.StatusCode.INVALID_ARGUMENT, "partial"),
+    ]
+    for case, code, words in cases:
+        case = dict(case)
+        partial = case.pop("partial", False)
+        with pytest.raises(ServiceError) as e:
+            out = []
+            async for item in t.push(1, "adapter", "wait", partial, case.get("metas", adapter_metas()),
+                                     t.group.group_id, adapter=case.get("name", "alice"),
+                                     adapter_config=json.dumps(case.get("config", CONFIG))):
+                out.append(item)
+        assert e.value.code == code and words in str(e.value), (case, str(e.value))
+    assert not any(ev[0] == "receive_transfer" for e in pool.engines for ev in e.events)   # nothing moved
+    assert t.group is not None and not pool.adapters.adapters
+    await transfer(t, "alice", 1)
+    with pytest.raises(ServiceError) as e:                         # versions strictly increase, as pushes
+        await transfer(t, "alice", 1)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and t.group is not None
+    with pytest.raises(ServiceError) as e:                         # an adapter field on a policy transfer
+        async for _ in t.push(1, "policy", "wait", True, adapter_metas(), t.group.group_id, adapter="alice"):
+            pass
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "TARGET_ADAPTER" in str(e.value)
+
+
+@sync
+async def test_an_adapter_transfer_that_fails_commits_nothing(ckpt):
+    pool, t, service = await transfer_setup(ckpt)
+    await transfer(t, "alice", 1)
+    pool.engines[1].receive_error = RuntimeError("Connection closed by peer [127.0.0.1]:4321")
+    with pytest.raises(ServiceError) as e:                         # a receive broke off: the group is closed
+        await transfer(t, "alice", 2)
+    assert e.value.code == grpc.StatusCode.ABORTED and "adapter 'alice' version 1 serves" in str(e.value)
+    assert t.group is None and pool.adapters.adapters["alice"].latest == 1
+    pool.engines[1].receive_error = None
+    async for _ in t.init("auto", "127.0.0.1", 29500, 1, 0.0, caller="ipv4:127.0.0.1:40000"):
+        pass
+    pool.engines[1].fail_adapter = 1                               # an engine cannot load it: all or none
+    with pytest.raises(ServiceError) as e:
+        await transfer(t, "alice", 2)
+    assert e.value.code == grpc.StatusCode.INTERNAL and "version 1 still serves" in str(e.value)
+    assert t.group is not None                                     # every engine had received: still in step
+    assert [sorted(e.adapters.values()) for e in pool.engines] == [["alice@v1"]] * 2
+    assert not pool.adapters.folder("alice", 2).exists()
+    assert not list((scratch_root() / "adapter-staging").glob("transfer-*"))
+    await transfer(t, "alice", 2)
+    got = await samples(service, request("alice"))
+    assert [r.version_spans for r in got] == [[(2, 0)]] * 2

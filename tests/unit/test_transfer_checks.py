@@ -91,6 +91,18 @@ class JoiningEngine(FakeEngine):
             save_file(tensors, record_path)
         self.prepared = (target, tensors)
 
+    async def receive_transfer(self, update_info, record_path, on_receiving):
+        """A LoRA adapter's tensors: received, recorded by one engine, loaded into no model."""
+        self.events.append(("receive_transfer", bool(record_path)))
+        on_receiving()
+        if self.receive_gate is not None:
+            await self.receive_gate.wait()
+        if self.receive_error is not None:
+            raise self.receive_error
+        if record_path:
+            save_file({n: torch.full(s, 2.0) for n, s in zip(update_info["names"], update_info["shapes"])},
+                      record_path)
+
 
 @pytest.fixture
 def make_transfer(tmp_path):

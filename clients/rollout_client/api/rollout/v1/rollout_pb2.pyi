@@ -560,20 +560,24 @@ class TensorMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., src_rank: _Optional[int] = ...) -> None: ...
 
 class TransferRequest(_message.Message):
-    __slots__ = ("version", "target", "in_flight", "partial", "tensors", "group_id")
+    __slots__ = ("version", "target", "in_flight", "partial", "tensors", "group_id", "adapter", "adapter_config")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CONFIG_FIELD_NUMBER: _ClassVar[int]
     version: int
     target: WeightTarget
     in_flight: InFlightMode
     partial: bool
     tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
     group_id: str
-    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., group_id: _Optional[str] = ...) -> None: ...
+    adapter: str
+    adapter_config: str
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., group_id: _Optional[str] = ..., adapter: _Optional[str] = ..., adapter_config: _Optional[str] = ...) -> None: ...
 
 class TransferReady(_message.Message):
     __slots__ = ("total_bytes",)
