@@ -18,6 +18,8 @@ areal=areal==1.0.4
 # versions in constraints/frameworks.txt); the others would move installed versions (verifiers: openai<3, mcp 2.0;
 # verl: transformers, packaging; skyrl: transformers) or need Python 3.12 at their latest (skyrl 0.4, openpipe-art
 # 0.5.20+), so they go in with --no-deps plus what their client modules import. prime-rl and slime are not on PyPI (PRIME_RL_SRC / SLIME_SRC: a checkout; their tests skip).
+# trl (--no-deps: what it imports is installed above): its GRPO trainer and weight-sync clients
+# (tests/integration/test_weight_transfer.py, test_trl_grpo.py, bench/trl_grpo.py).
 frameworks=(sglang-router==0.3.2 openpipe-art==0.5.18 renderers==0.1.12 prime-pydantic-config==0.4.3
             prime-sandboxes==0.5.1 prime-tunnel==0.1.15 prime-runs==0.1.4 prime-traces==0.0.10 gepa==0.1.4
             math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 openai-harmony==0.0.8
@@ -25,7 +27,7 @@ frameworks=(sglang-router==0.3.2 openpipe-art==0.5.18 renderers==0.1.12 prime-py
             tomli==2.5.0 tomli_w==1.2.0)
 frameworks_nodeps=(skyrl==0.3.0 verifiers==0.4.0 verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0
                    datasets==5.2.0 multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 xxhash==4.1.0
-                   pylatexenc==2.11)
+                   pylatexenc==2.11 trl==1.16.0)
 stamp=".venv/.installed-$target-$(cat pyproject.toml clients/pyproject.toml constraints/cpu.txt constraints/frameworks.txt \
                                  scripts/install.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then

@@ -34,7 +34,8 @@ class GlooInitInfo(WeightTransferInitInfo):
     rank_offset: int                  # this engine's first worker rank in the group (trainer ranks come first)
     world_size: int
     trainer_ranks: int = 1
-    packed_buffer_size_bytes: int = 64 << 20
+    packed_buffer_size_bytes: int = 1 << 30     # vLLM's default (packed_tensor.py), as its nccl engine: an init
+                                                # without it (TRL's) cuts where the trainer's packer does
     timeout_s: float = 120.0          # rendezvous, and each broadcast: a rank that is gone fails the push then
     packed: bool = True               # accepted for nccl-shaped payloads; gloo always packs
 

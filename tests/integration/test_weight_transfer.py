@@ -4,7 +4,6 @@ fault the contract names leaving the last committed version serving; and vLLM's 
 (the HTTP dialect) driven by TRL's own client."""
 import threading
 import time
-import types
 import warnings
 
 import grpc
@@ -13,6 +12,7 @@ import pytest
 import torch
 from rollout_client.api import pb
 from rollout_client.transfer import WeightSync, _free_port, metas_of, send, tensors_of
+from rollout_client.trl_gloo import use_gloo
 
 from tests.integration.test_weights import assert_serves, next_version, perturb
 
@@ -173,35 +173,6 @@ def test_metrics_report_the_transfer_path(service, sync):
 
 
 # ---- vLLM's weight-transfer endpoints, driven by TRL's own client ----------------------------------------------
-class GlooEndpoint:
-    """What TRL's `open_trainer_endpoint` (vLLM's nccl_common.trainer_init) returns, over gloo: the trainer as rank
-    0 of the group, hosting its TCPStore. TRL's destroy() clears `.group.store` and `.group.socket` (a
-    PyNcclCommunicator's StatelessProcessGroup); close() shuts the gloo group down."""
-
-    def __init__(self, init_info: dict):
-        from rollout_client.transfer import gloo_group
-        from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
-
-        self.buffer_bytes = init_info.get("packed_buffer_size_bytes", DEFAULT_PACKED_BUFFER_SIZE_BYTES)
-        self.pg, store = gloo_group(init_info["master_address"], init_info["master_port"], 0,
-                                    init_info["world_size"], timeout_s=60)
-        self.group = types.SimpleNamespace(store=store, socket=None)
-        self.sent: list[int] = []
-
-    def close(self) -> None:
-        self.pg.shutdown()
-
-
-def gloo_producer(iterator, group: GlooEndpoint, src: int, post_iter_func, buffer_size_bytes=None,
-                  num_buffers: int = 2) -> None:
-    """vLLM's packed_nccl_broadcast_producer over gloo: the same packed chunks (rollout_client.transfer.chunks is
-    vLLM's pack_tensors rule: test_chunks_follow_vllms_packing_rule), cut by the init's buffer size."""
-    if buffer_size_bytes is not None:
-        assert buffer_size_bytes == group.buffer_bytes, "producer and init disagree on the chunk size"
-    tensors = [post_iter_func(item) for item in iterator]
-    group.sent.append(send(group.pg, tensors, src, group.buffer_bytes))
-
-
 def test_chunks_follow_vllms_packing_rule():
     """rollout_client.transfer.chunks cuts exactly where vLLM's pack_tensors does (both sides of the group cut
     from the metadata alone, so a difference would misplace every byte after it)."""
@@ -225,27 +196,17 @@ def test_trl_weight_transfer_client_over_the_vllm_dialect(service, client, polic
     unchanged against the service's vLLM dialect (/get_world_size, /server_info, /init_weight_transfer_engine,
     /pause?mode=keep, /start_weight_update, /update_weights {"update_info"}, /finish_weight_update, /resume),
     with only its two NCCL pieces replaced by their gloo equivalents (the CPU engines use the gloo backend):
-    the trainer's endpoint (GlooEndpoint) and the packed broadcast (gloo_producer). Two syncs, each then served.
-
-    TRL is not a test dependency (its import needs `datasets`, pandas, pyarrow); the test skips without it. To
-    run it, unpack trl==1.16.0 and its extra imports (datasets, pandas, pyarrow, multiprocess, xxhash) into
-    folders on PYTHONPATH, e.g.:
-        TRL_EXPERIMENTAL_SILENCE=1 PYTHONPATH=/tmp/trl_src:/tmp/trl_deps \\
-            .venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_weight_transfer.py
-    """
+    the trainer's endpoint and the packed broadcast (rollout_client.trl_gloo.use_gloo). Two syncs, each then
+    served. TRL comes with scripts/install.sh (trl==1.16.0); the test skips without it."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")  # TRL hosts the group at vLLM's get_ip(): this machine's
+    # loopback (its outward address is refused for a loopback caller: security.weight_transfer_hosts)
     wt = pytest.importorskip("trl.experimental.async_grpo.weight_transfer")
     from accelerate import PartialState
     from trl.experimental.async_grpo.vllm_client import VLLMClient
 
     PartialState()                                   # TRL logs through accelerate's logger
-    endpoints: list[GlooEndpoint] = []
-
-    def open_endpoint(init_info):
-        endpoints.append(GlooEndpoint(init_info))
-        return endpoints[-1]
-    monkeypatch.setattr(wt, "open_trainer_endpoint", open_endpoint)
-    monkeypatch.setattr(wt, "packed_nccl_broadcast_producer", gloo_producer)
+    endpoints = use_gloo(wt, monkeypatch.setattr)
 
     params = [(n, p.detach()) for n, p in policy.named_parameters()]
     info = {"names": [n for n, _ in params], "dtype_names": [str(p.dtype).split(".")[-1] for _, p in params],

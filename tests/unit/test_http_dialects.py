@@ -122,7 +122,8 @@ def test_errors_name_the_dialects_fields_and_change_nothing(make):
                  ({"prompt": {"x": 1}}, "prompt"),
                  ({"prompt": [1], "logprobs": 25}, "logprobs"),
                  ({"prompt": [1], "n": "2"}, "n"),
-                 ({"prompt": [1], "frequency_penalty": 0.5}, "frequency_penalty")]
+                 ({"prompt": [1], "frequency_penalty": 0.5}, "frequency_penalty"),
+                 ({"prompt": [1], "min_p": 0.1}, "min_p")]
         for body, field in cases:
             r = await c.post("/v1/completions", json=body)
             assert r.status_code == 400, (body, r.text)
@@ -336,6 +337,7 @@ def test_vllm_weight_transfer_init_checks_the_trainers_shape(make):
         info = (await c.get("/server_info", params={"config_format": "json"})).json()
         assert info["vllm_config"]["model_config"]["dtype"] == "torch.float32"
         assert info["vllm_config"]["model_config"]["model"] == "tiny"
+        assert info["vllm_config"]["model_config"]["logprobs_mode"] == "processed_logprobs"     # TRL's GRPO reads it
 
         async def init(**changes):
             return await c.post("/init_weight_transfer_engine", json={"init_info": INIT | changes})

@@ -328,6 +328,8 @@ def sampling_params(f: Fields, max_tokens_key: str) -> pb.SamplingParams:
     for key, default in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
         f.unsupported(key, default, "penalties change the sampled distribution away from the policy's; "
                                     "this service samples the policy only (leave it at its default)")
+    f.unsupported("min_p", 0, "min_p is not supported (use top_p or top_k); 0 (TRL's and vLLM's default) is "
+                              "accepted")
     return sp
 
 

@@ -516,7 +516,7 @@ async def abort_requests(request: Request):
 async def reset_prefix_cache(request: Request):
     if not await gateway(request).reset_prefix_cache():
         raise DialectError(409, "the prefix cache could not be reset on every engine (requests running?)")
-    return {"status": "ok"}
+    return {"status": "ok", "success": True}          # vLLM 0.26 on answers {"success": bool}
 
 
 @router.post("/update_weights")

@@ -85,12 +85,14 @@ class VllmWeightTransfer:
         return sum(e.transfer_ranks() for e in self.pool.engines)
 
     def server_info(self) -> dict:
-        """The part of vLLM's /server_info?config_format=json that trainers read (the serving dtype)."""
+        """The part of vLLM's /server_info?config_format=json that trainers read: the serving dtype, and the
+        log-probs' mode (TRL's GRPO trainer checks it is processed_logprobs, which the engines run with)."""
         manifest = self.weights.manifests.get("policy")
         model = self.model
         dtype = f"torch.{manifest.serving_dtype}" if manifest is not None else None
         return {"vllm_config": {"model_config": {"model": model.path, "dtype": dtype,
-                                                 "max_model_len": model.max_model_len},
+                                                 "max_model_len": model.max_model_len,
+                                                 "logprobs_mode": "processed_logprobs"},
                                 "weight_transfer_config": {"backend": self.transfer.backend}}}
 
     # ---- the group ----------------------------------------------------------------------------------------
