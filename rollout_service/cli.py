@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(v, "engine.speculation.model", "--draft-model")
     add_flag(v, "engine.speculation.num_speculative_tokens", "-k", "--num-speculative-tokens", default=3)
     add_flag(v, "engine.speculation.draft_sampling", "--draft-sampling", default="probabilistic")
+    add_flag(v, "engine.speculation.prompt_lookup_min", "--prompt-lookup-min")
+    add_flag(v, "engine.speculation.prompt_lookup_max", "--prompt-lookup-max")
     add_flag(v, "engine.speculation.k_by_batch_size", "--k-by-batch-size")
     add_flag(v, "engine.speculation.k_control", "--k-control", default="fixed",
              help="as for serve (default fixed here: every step drafts k, the strictest test)")
@@ -113,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "integer arithmetic, pair by pair as this CPU's int8 GEMM does: tens of seconds a sample)")
     v.add_argument("--prompts", nargs="*", default=["What is 12 + 30?", "Name a color."],
                    help="prompt texts (chat template applied)")
+    v.add_argument("--prompt-ids", nargs="+", metavar="IDS",
+                   help="prompts as token ids instead of --prompts, one comma-separated list each (e.g. prompts "
+                        "that repeat what an n-gram drafter should match)")
+    v.add_argument("--power-temperature", type=float, metavar="T",
+                   help="also sample every prompt at temperature T on the speculative engine, in the same batches, "
+                        "and compare those samples with the plain ones: the check must reject them (its power); "
+                        "exit 1 if it does not")
     v.add_argument("--update-draft", metavar="DIR",
                    help="a drafter in the served drafter's format (an adapted head, a drafter copy), committed on the "
                         "speculative engine as UpdateDraft does once a third of its samples finished, the rest in "
@@ -171,6 +180,8 @@ def cmd_verify_lossless(args) -> int:
                               "engine.speculation.model": args.draft_model,
                               "engine.speculation.num_speculative_tokens": args.num_speculative_tokens,
                               "engine.speculation.draft_sampling": args.draft_sampling,
+                              "engine.speculation.prompt_lookup_min": args.prompt_lookup_min,
+                              "engine.speculation.prompt_lookup_max": args.prompt_lookup_max,
                               "engine.speculation.k_by_batch_size":
                                   parse_k_schedule(args.k_by_batch_size) if args.k_by_batch_size else None,
                               "engine.speculation.k_control": args.k_control,
@@ -186,16 +197,43 @@ def cmd_verify_lossless(args) -> int:
         print(f"rollout-service: --update-draft {args.update_draft}: no such drafter (a directory with "
               "model.safetensors, or the file)", file=sys.stderr)
         return 2
+    if args.power_temperature is not None and not args.power_temperature > 0:
+        print(f"rollout-service: --power-temperature {args.power_temperature}: must be > 0", file=sys.stderr)
+        return 2
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
-    prompts = [info.encode(p, chat=True) for p in args.prompts]
+    try:
+        prompts = ([parse_prompt_ids(x, info.vocab_size) for x in args.prompt_ids] if args.prompt_ids
+                   else [info.encode(p, chat=True) for p in args.prompts])
+    except ValueError as e:
+        print(f"rollout-service: --prompt-ids: {e}", file=sys.stderr)
+        return 2
     base = msgspec.structs.replace(DEFAULT_BASE, quantization=cfg.engine.quantization)
     report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha,
-                            update_draft=args.update_draft, base=base,
+                            update_draft=args.update_draft, base=base, power_temperature=args.power_temperature,
                             logprob_samples=args.logprob_samples or (6 if cfg.engine.quantization == "int8" else 24))
     print(report.render())
-    return 0 if report.passed else (2 if report.engine_failed else 1)
+    if report.engine_failed:
+        return 2
+    if report.power is not None and report.power.passed_distribution:
+        print(f"POWER NOT SHOWN: the samples at temperature {args.power_temperature} were not rejected")
+        return 1
+    return 0 if report.passed else 1
+
+
+def parse_prompt_ids(text: str, vocab_size: int) -> list[int]:
+    """'1,504,3458' -> [1, 504, 3458]; ValueError naming what is wrong (not an integer, out of the vocabulary)."""
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{text!r}: not a comma-separated list of token ids") from None
+    if not ids:
+        raise ValueError(f"{text!r}: an empty prompt")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{text!r}: token ids {bad} outside the vocabulary (0 to {vocab_size - 1})")
+    return ids
 
 
 def main(argv: list[str] | None = None) -> int:

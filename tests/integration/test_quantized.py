@@ -1,8 +1,13 @@
 """A served precision (engine.quantization = int8) on a real engine: samples carry the quantized policy's log-probs
-(against an independent int8 forward pass, drafting/reference.py int8_w8a8), and every push path (PushWeights in
-float32 and bfloat16, LoadWeights, TransferWeights) is quantized at commit with scales from the pushed weights.
-One service for the module (one engine start)."""
+(against an independent int8 forward pass, drafting/reference.py int8_w8a8, and re-scored by an independent plain
+int8 vLLM engine loaded from the pushed weights, tests/integration/int8_rescore.py), and every push path (PushWeights
+in float32 and bfloat16, LoadWeights, TransferWeights) is quantized at commit with scales from the pushed weights.
+One service for the module (one engine start), and one fresh int8 engine for the re-scoring."""
 import copy
+import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +16,7 @@ from rollout_client import RolloutClient
 from rollout_client.transfer import WeightSync
 
 from rollout_service.drafting.reference import int8_w8a8, processed_logprobs
+from tests.integration.int8_rescore import rescore
 from tests.integration.services import running_service
 from tests.integration.test_weights import PROMPTS, perturb
 
@@ -43,8 +49,9 @@ def trainer(tiny_model):
     return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
 
 
-def assert_serves_int8(client, model, version: int) -> None:
-    """Seeded samples' log-probs are the int8 model's (within the measured bounds above) and not the float model's."""
+def assert_serves_int8(client, model, version: int) -> list:
+    """Seeded samples' log-probs are the int8 model's (within the measured bounds above) and not the float model's.
+    Returns the samples, grouped by prompt."""
     quantized = int8_w8a8(copy.deepcopy(model))
     groups = client.generate_all(PROMPTS, n=2, max_tokens=12, ignore_eos=True, temperature=1.0, seed=7)
     to_int8, to_float = [], []
@@ -60,6 +67,35 @@ def assert_serves_int8(client, model, version: int) -> None:
     assert np.median(to_int8) < MEDIAN_TOLERANCE and np.quantile(to_int8, 0.9) < P90_TOLERANCE, stats
     assert to_int8.max() < MAX_TOLERANCE, stats
     assert to_float.mean() > 10 * to_int8.mean() and to_float.mean() > 1e-3, stats + " (not quantized?)"
+    return groups
+
+
+def flat(groups) -> list:
+    """(prompt ids, sample) of every sample, grouped by prompt in PROMPTS' order."""
+    return [(PROMPTS[p], s) for p, group in enumerate(groups) for s in group]
+
+
+def assert_rescored_by_a_fresh_int8_engine(tiny_model, weights_dir, served, before) -> None:
+    """The served samples (prompt, sample) re-scored by an independent plain int8 vLLM engine loaded from the pushed
+    weights (`weights_dir`'s model.safetensors with the tiny model's config and tokenizer): their log-probs agree
+    within the same bounds as against the int8 forward pass. Its power: samples served before the push (`before`,
+    another policy) are far from it."""
+    pushed = weights_dir / "pushed"
+    pushed.mkdir()
+    for f in tiny_model.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+            shutil.copyfile(f, pushed / f.name)
+    (pushed / "model.safetensors").symlink_to(weights_dir / "model.safetensors")
+    rescored = rescore(pushed, [(p, s.token_ids.tolist()) for p, s in served + before], weights_dir / "rescore")
+    agree = np.concatenate([np.abs(s.logprobs - r) for (_, s), r in zip(served, rescored)])
+    other = np.concatenate([np.abs(s.logprobs - r) for (_, s), r in zip(before, rescored[len(served):])])
+    stats = (f"served vs a fresh int8 engine's prefill scoring: median {np.median(agree):.1e}, p90 "
+             f"{np.quantile(agree, 0.9):.1e}, max {agree.max():.1e} nats over {agree.size} tokens; samples of the "
+             f"version before: mean {other.mean():.1e}")
+    print(stats)
+    assert np.median(agree) < MEDIAN_TOLERANCE and np.quantile(agree, 0.9) < P90_TOLERANCE, stats
+    assert agree.max() < MAX_TOLERANCE, stats
+    assert other.mean() > MAX_TOLERANCE and other.mean() > 100 * agree.mean(), stats + " (no power?)"
 
 
 def test_status_and_metrics_say_int8(qservice, qclient):
@@ -91,9 +127,10 @@ def test_float32_and_bfloat16_pushes_are_quantized_at_commit(qclient, trainer):
     assert_serves_int8(qclient, trainer, v + 1)
 
 
-def test_load_weights_and_transfer_weights_are_quantized_at_commit(qclient, trainer, tmp_path):
+def test_load_weights_and_transfer_weights_are_quantized_at_commit(qclient, trainer, tiny_model, tmp_path):
     from safetensors.torch import save_file
 
+    before = flat(qclient.generate_all(PROMPTS, n=2, max_tokens=12, ignore_eos=True, temperature=1.0, seed=8))
     perturb(trainer, seed=23, scale=0.3)
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in trainer.state_dict().items()},
               str(tmp_path / "model.safetensors"))
@@ -102,7 +139,8 @@ def test_load_weights_and_transfer_weights_are_quantized_at_commit(qclient, trai
             p.copy_(p.to(torch.bfloat16).float())
     v = qclient.status().policy_version + 1
     assert qclient.load_weights(str(tmp_path), v).version == v
-    assert_serves_int8(qclient, trainer, v)
+    served = flat(assert_serves_int8(qclient, trainer, v))
+    assert_rescored_by_a_fresh_int8_engine(tiny_model, tmp_path, served, before)
     perturb(trainer, seed=24, scale=0.3)
     sync = WeightSync(qclient, timeout_s=20)
     sync.connect(timeout=60)
@@ -111,3 +149,53 @@ def test_load_weights_and_transfer_weights_are_quantized_at_commit(qclient, trai
     finally:
         sync.close()
     assert_serves_int8(qclient, trainer, v + 1)
+
+
+def chain_prompts(model_dir, bases, length: int = 4) -> list[list[int]]:
+    """Prompts an n-gram drafter's drafts are often accepted on: BOS, then the model's greedy continuation of the
+    prompt itself, then the base prompt (iterated until the continuation is the one inserted). Once a sample starts
+    with that continuation's first token, the drafter matches it in the prompt and proposes the rest: the model's
+    likely next tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def greedy(ids):
+        out = []
+        for _ in range(length):
+            with torch.no_grad():
+                out.append(int(model(torch.tensor([ids + out])).logits[0, -1].argmax()))
+        return out
+
+    prompts = []
+    for base in bases:
+        chain = greedy(base)
+        for _ in range(8):
+            prompt = base[:1] + chain + base[1:]
+            chain, before = greedy(prompt), chain
+            if chain == before:
+                break
+        prompts.append(base[:1] + chain + base[1:])
+    return prompts
+
+
+def test_ngram_speculation_over_an_int8_target_is_lossless_by_the_verify_lossless_command(tiny_model):
+    """Issue 46 item 5, as a user runs it: `verify-lossless --method ngram --quantization int8` serves int8 on both
+    engines (plain and speculative) and passes: the G-tests find the speculative samples distributed as the plain
+    int8 ones, and the log-probs of the checked samples (6, from int8 verify passes) equal the independent int8
+    forward pass (drafting/reference.py int8_w8a8) within max(5e-3, 1.5 x its rounding spread), which the float32
+    policy is not within, with drafts proposed, accepted and rejected (chain_prompts). Power: the same speculative
+    engine sampling at temperature 0.6 in the same batches is rejected."""
+    prompts = chain_prompts(tiny_model, PROMPTS)
+    cmd = [sys.executable, "-m", "rollout_service.cli", "verify-lossless", "--model", str(tiny_model),
+           "--method", "ngram", "--quantization", "int8", "-k", "3", "--prompt-lookup-min", "1",
+           "--prompt-lookup-max", "3", "--samples", "600", "--max-tokens", "3", "--top-k", "0",
+           "--power-temperature", "0.6", "--prompt-ids", *[",".join(map(str, p)) for p in prompts]]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+    print(r.stdout)
+    assert r.returncode == 0 and "RESULT: LOSSLESS" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "served precision int8: both engines serve it" in r.stdout and "speculation=ngram" in r.stdout
+    assert "proposed nothing" not in r.stdout
+    assert 0.02 < float(re.search(r"acceptance rate ([0-9.]+)", r.stdout)[1]) < 0.95, r.stdout   # 0.078 measured
+    assert "cannot tell int8 from float32" not in r.stdout and "the float32 policy is" in r.stdout, r.stdout
+    assert re.search(r"power: .* -> NOT LOSSLESS \(it must be rejected\)", r.stdout), r.stdout

@@ -154,7 +154,7 @@ def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_pa
     monkeypatch.setattr("rollout_service.model_info.ModelInfo.load", lambda m, n: SimpleNamespace(
         encode=lambda p, chat: [1, 2, 3]))
     monkeypatch.setattr(lossless, "check_lossless", lambda model, spec, prompts, **kw: seen.update(kw) or
-                        SimpleNamespace(render=lambda: "", passed=True, engine_failed=""))
+                        SimpleNamespace(render=lambda: "", passed=True, engine_failed="", power=None))
     assert cli.cmd_verify_lossless(args) == 0
     assert seen["base"].quantization == "int8" and seen["base"].dtype == "float32" and seen["logprob_samples"] == 6
     assert lossless.LOGPROB_ATOL["int8"] > lossless.LOGPROB_ATOL["none"]
@@ -169,6 +169,50 @@ def test_verify_lossless_checks_against_the_served_precision(monkeypatch, tmp_pa
     assert lossless._logprob_error("m", [[1, 2]], out, 1.0, 0, 1.0, "none") > 1e-4
     # one-hot inputs lie on the int8 grid: float rounding cannot move them, the tolerance stays LOGPROB_ATOL's
     assert lossless._int8_spread("m", [[1, 2]], out, 1.0, 0, 1.0) == 0.0
+
+
+def test_verify_lossless_takes_token_id_prompts_lookup_bounds_and_a_power_temperature(monkeypatch, tmp_path, capsys):
+    """--prompt-ids (n-gram prompts that repeat what the drafter should match), --prompt-lookup-min/max and
+    --power-temperature reach check_lossless; the command exits 1 when the mismatched samples are not rejected (no
+    power shown), 0 when they are; bad ids or a temperature <= 0: exit 2 naming the flag, before any engine."""
+    from types import SimpleNamespace
+
+    from rollout_service import cli
+    from rollout_service.drafting import lossless
+
+    seen = {}
+    monkeypatch.setattr(cli, "resolve_model", lambda m: str(tmp_path))
+    monkeypatch.setattr("rollout_service.model_info.ModelInfo.load", lambda m, n: SimpleNamespace(
+        vocab_size=100, encode=lambda p, chat: [1, 2, 3]))
+    rejected = [True]
+
+    def check(model, spec, prompts, **kw):
+        seen.update(kw, spec=spec, prompts=prompts)
+        return SimpleNamespace(render=lambda: "", passed=True, engine_failed="",
+                               power=None if kw["power_temperature"] is None
+                               else SimpleNamespace(passed_distribution=not rejected[0]))
+
+    monkeypatch.setattr(lossless, "check_lossless", check)
+    argv = ["verify-lossless", "--method", "ngram", "--quantization", "int8", "--prompt-lookup-min", "1",
+            "--prompt-lookup-max", "3", "--prompt-ids", "1,5,6,5", "1, 7,8", "--power-temperature", "0.6"]
+    assert cli.cmd_verify_lossless(cli.build_parser().parse_args(argv)) == 0
+    assert seen["prompts"] == [[1, 5, 6, 5], [1, 7, 8]] and seen["power_temperature"] == 0.6
+    assert (seen["spec"].method, seen["spec"].prompt_lookup_min, seen["spec"].prompt_lookup_max) == ("ngram", 1, 3)
+    assert seen["base"].quantization == "int8"
+    rejected[0] = False
+    assert cli.cmd_verify_lossless(cli.build_parser().parse_args(argv)) == 1
+    assert "POWER NOT SHOWN" in capsys.readouterr().out
+    seen.clear()
+    for bad, names in ((["--prompt-ids", "1,x"], "not a comma-separated list"), (["--prompt-ids", "1,100"], "[100]"),
+                       (["--prompt-ids", ","], "empty"), (["--power-temperature", "0"], "must be > 0"),
+                       (["--prompt-lookup-min", "4", "--prompt-lookup-max", "3"], "prompt_lookup_min")):
+        assert cli.cmd_verify_lossless(cli.build_parser().parse_args(argv + bad)) == 2, bad
+        err = capsys.readouterr().err
+        assert names in err and ("--p" in err or "prompt_lookup" in err), err
+    assert not seen                                           # nothing sampled
+    seen.clear()
+    assert cli.cmd_verify_lossless(cli.build_parser().parse_args(["verify-lossless", "--method", "ngram"])) == 0
+    assert seen["prompts"] == [[1, 2, 3], [1, 2, 3]] and seen["power_temperature"] is None   # the default prompts
 
 
 def test_the_fast_saturating_product_equals_the_pair_by_pair_one():
