@@ -149,7 +149,6 @@ def resolve_model(model: str | None) -> str:
 
 def cmd_serve(args) -> int:
     from rollout_service.config import ConfigError, load_config, parse_k_schedule
-    from rollout_service.server.app import serve
 
     try:
         overrides = {path: getattr(args, dest) for dest, path in SERVE_FLAGS.items()}
@@ -160,6 +159,12 @@ def cmd_serve(args) -> int:
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
+    if not cfg.ray.address:          # the engines start here (a Ray actor starts its own): before vLLM is imported
+        from rollout_service.engine import forkserver
+
+        forkserver.prestart(cfg.engine.kv_cache_gb, cfg.engine.tensor_parallel_size)
+    from rollout_service.server.app import serve
+
     try:
         asyncio.run(serve(cfg, resolve_model(cfg.engine.model)))
     except ConfigError as e:

@@ -3,6 +3,8 @@ means there. Imported by the engine; nothing here starts one."""
 from __future__ import annotations
 
 import contextlib
+import glob
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -53,6 +55,36 @@ def prepare_cpu_environment(kv_cache_gb: float) -> None:
     preload = os.environ.get("LD_PRELOAD", "")
     if iomp.exists() and "libiomp" not in preload:
         os.environ["LD_PRELOAD"] = f"{iomp}:{preload}" if preload else str(iomp)
+
+
+def cpu_platform_environment(tensor_parallel_size: int) -> dict[str, str] | None:
+    """What vLLM's CPU platform adds to the environment before it starts an engine (CpuPlatform.check_and_update_config,
+    vLLM 0.32), told without importing vLLM: for a fork server started before that import (engine/forkserver.prestart),
+    whose imports read some of it (torch's inductor config reads TORCHINDUCTOR_CPP_DYNAMIC_THREADS). None where vLLM
+    would change LD_PRELOAD (no OpenMP runtime preloaded: it adds PyTorch's libgomp; a bundled tcmalloc), which acts
+    only when an interpreter starts. Call after prepare_cpu_environment."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    tcmalloc = glob.glob(os.path.join(spec.submodule_search_locations[0], "libs", "libtcmalloc*.so*"))
+    openmp = any(lib in preload for lib in ("libomp", "libgomp", "libiomp"))
+    if not openmp or (tcmalloc and "libtcmalloc" not in preload):
+        return None
+    env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NUMEXPR_MAX_THREADS": str(len(os.sched_getaffinity(0))),
+           "TORCHINDUCTOR_COMPILE_THREADS": "1", "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1",
+           "TORCHINDUCTOR_CPP_DYNAMIC_THREADS": "1", "LOCAL_WORLD_SIZE": str(tensor_parallel_size)}
+    if "VLLM_SSM_CONV_STATE_LAYOUT" not in os.environ and _cpu_has("avx512_bf16"):
+        env["VLLM_SSM_CONV_STATE_LAYOUT"] = "SD"
+    return env
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
 
 
 def is_cpu_platform() -> bool:

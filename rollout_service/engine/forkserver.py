@@ -11,17 +11,21 @@ A fork server's children inherit the environment the server started with, not th
 sets variables around each start (platforms/cpu.py, numa_utils.configure_subprocess) and the server marks
 itself for the lifeline (engine/lifeline.py). So each engine process carries the caller's environment as it is
 at start() and installs it first thing (`_run_with_environment`), which is what spawn gives it.
+
+`rollout-service serve` starts the fork server before it imports vLLM itself (`prestart`): the two imports overlap.
 """
 from __future__ import annotations
 
 import atexit
 import ctypes
+import logging
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
 import signal
 import sys
+import threading
 
 # Imported first in the fork server (PRELOAD), whose parent is the front end: the lifeline is armed there too, so the
 # fork server and everything forked from it are SIGKILLed the moment the front end is gone (an exiting fork server
@@ -31,6 +35,7 @@ from rollout_service.engine import lifeline
 PRELOAD = ["rollout_service.engine.forkserver", "vllm.v1.engine.core"]
 ROOT_ENV = "ROLLOUT_ENGINE_ROOT"      # the engine core's pid: engine/lifeline.py's root below the fork server
 PR_SET_PDEATHSIG = 1
+log = logging.getLogger(__name__)
 
 
 def _run_with_environment(environ: dict, target, args: tuple, kwargs: dict):
@@ -85,20 +90,91 @@ def _die_with_fork_server() -> None:
 
 def stop() -> None:
     """Stop this process's fork server and reap it (registered at exit): a fork server orphaned by an exiting front end
-    ends anyway, but where nobody reaps orphans (a container's init that does not) it would stay a zombie."""
+    ends anyway, but where nobody reaps orphans (a container's init that does not) it would stay a zombie. One that
+    was prestarted and never used is killed: it may still be importing vLLM, and it started nothing."""
     server = multiprocessing.forkserver._forkserver
-    if getattr(server, "_forkserver_pid", None) is None:
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
         return
+    if _prestarted is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     try:
         server._stop()
     except (OSError, ChildProcessError):
         pass
 
 
+_prestarted: dict[str, str] | None = None     # the environment a prestarted fork server got that matters, until used
+_prestart_lock = threading.Lock()
+
+
+def prestart(kv_cache_gb: float, tensor_parallel_size: int) -> bool:
+    """Start the fork server now, in a process that will start its engines here and has not imported vLLM yet, where
+    they will take it (patches.forkserver_expected): its import of vLLM's engine core (~13 s on 2 cores) then runs
+    beside this process's own import of vLLM (5-10 s), where it used to follow it at the first engine start. False
+    where it is not started.
+
+    A fork server's interpreter starts with the environment of the moment, so it is made what the first engine start
+    would give it: the CPU environment (cpu_env.prepare_cpu_environment: LD_PRELOAD acts only when an interpreter
+    starts) and the lifeline's mark, set here as the engine sets them, and what vLLM's CPU platform adds before it
+    starts an engine (cpu_env.cpu_platform_environment), given to the fork server only. The first engine start
+    compares that with its own environment and starts a fresh fork server where it differs (`_check_prestarted`)."""
+    global _prestarted
+    from rollout_service.engine.cpu_env import (cpu_platform_environment, extra_environment,
+                                                prepare_cpu_environment)
+    from rollout_service.engine.patches import forkserver_expected
+
+    if not forkserver_expected():
+        return False
+    prepare_cpu_environment(kv_cache_gb)
+    lifeline.mark_front_end()
+    engine_env = cpu_platform_environment(tensor_parallel_size)
+    if engine_env is None:
+        return False
+    context()
+    with _prestart_lock, extra_environment(engine_env):
+        multiprocessing.forkserver.ensure_running()
+        _prestarted = {k: os.environ.get(k, "") for k in {"LD_PRELOAD", lifeline.ENV, *engine_env}}
+    log.info("engine fork server started (pid %d): it imports vLLM's engine core while this process starts",
+             multiprocessing.forkserver._forkserver._forkserver_pid)
+    return True
+
+
+def _check_prestarted() -> None:
+    """At the first engine start after `prestart`: a prestarted fork server whose environment is not the one this
+    start would have given it is stopped; Python's forkserver then starts a fresh one as it would have without it."""
+    global _prestarted
+    with _prestart_lock:
+        if _prestarted is None:
+            return
+        differ = sorted(k for k, v in _prestarted.items() if os.environ.get(k, "") != v)
+        if differ:
+            log.warning("the engine fork server started before vLLM was imported has another %s than this engine "
+                        "start: starting a fresh one (~10 s more)", ", ".join(differ))
+            stop()
+        _prestarted = None
+
+
+def release_if_unused() -> None:
+    """Once this process's engines are up: a fork server prestarted for them that none was started from (they did not
+    take cpu_engine_forkserver after all) is stopped, with a warning."""
+    global _prestarted
+    with _prestart_lock:
+        if _prestarted is not None:
+            log.warning("the engine fork server started early was not used by the engines (cpu_engine_forkserver "
+                        "did not apply): stopped")
+            stop()
+            _prestarted = None
+
+
 class EngineProcess(multiprocessing.context.ForkServerProcess):
     """A process forked from the fork server that runs with the caller's environment as of start()."""
 
     def start(self) -> None:
+        _check_prestarted()
         self._args = (dict(os.environ), self._target, tuple(self._args), dict(self._kwargs))
         self._kwargs = {}
         self._target = _run_with_environment

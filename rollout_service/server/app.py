@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from rollout_service.api import pb
 from rollout_service.config import ServerConfig
-from rollout_service.engine import lifeline
+from rollout_service.engine import forkserver, lifeline
 from rollout_service.engine.base import Engine
 from rollout_service.engine.quantize import describe
 from rollout_service.model_info import ModelInfo
@@ -224,4 +224,5 @@ async def serve(cfg: ServerConfig, model_path: str, factory: Callable[[str], Eng
         server.request_stop()
         await stopper
         raise
+    forkserver.release_if_unused()     # started by `rollout-service serve` for engines that did not take it
     await stopper
