@@ -1,5 +1,7 @@
 """One real service per test session: a tiny random Llama (SmolLM2's tokenizer), real vLLM engine,
-real gRPC over a loopback socket. Engine start costs ~40 s, so every test here shares it."""
+real gRPC over a loopback socket. Engine start costs ~40 s, so every test here shares it; so do the tests of a
+speculative service (`spec_service`), which is stopped after the last test that uses it."""
+import contextlib
 import re
 from pathlib import Path
 
@@ -8,7 +10,7 @@ from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess
 
 from tests.integration.services import running_service
-from tests.tiny_models import build_tiny_model
+from tests.tiny_models import build_tiny_model, perturbed_copy
 
 
 def pytest_collection_modifyitems(config, items):
@@ -17,6 +19,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.integration)
+
+
+# Session services that several modules share but not the whole session: each is stopped after the last test (of those
+# selected, in their order) that uses it, not at the session's end, so that it does not sit idle beside later services.
+STOPPED_AFTER_LAST_USER = ("spec_service",)
+_last_user: dict[str, str] = {}                 # fixture name -> node id of the last test that uses it
+_stoppers: dict[str, contextlib.ExitStack] = {}  # fixture name -> what stops it, while it runs
+
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        for name in STOPPED_AFTER_LAST_USER:
+            if name in getattr(item, "fixturenames", ()):
+                _last_user[name] = item.nodeid
 
 
 # No test may hold a server's event loop longer than this (server/loop_watchdog.py measures it; /metrics
@@ -78,6 +94,16 @@ def _loop_never_held(request):
                          f"{_where_held(svc)}")
     if found:
         pytest.fail(f"over {LOOP_LAG_LIMIT_S} s with the event loop held: " + "; ".join(found), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _stop_services_after_their_last_user(request):
+    """Torn down before _loop_never_held (set up after it), so that a service stopped here that held its event loop
+    fails the test that stopped it; a service that does not exit cleanly fails it too."""
+    yield
+    for name, nodeid in _last_user.items():
+        if nodeid == request.node.nodeid and name in _stoppers:
+            _stoppers.pop(name).close()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -160,3 +186,49 @@ def policy(tiny_model, client):
     yield model
     v = client.status().policy_version + 1
     client.push_weights(original, v)
+
+
+@pytest.fixture(scope="session")
+def noisy_drafter(tiny_model, tmp_path_factory):
+    """A noisy copy of the target: accepts often, rejects often enough to exercise resampling."""
+    return perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "noisy", scale=0.1, seed=1)
+
+
+class SpecService:
+    """The shared speculative service, its client, the drafter identical to the target it started with (`identical`),
+    and the drafter it serves now (`drafter`, a directory, at `draft_version`)."""
+
+    def __init__(self, svc: ServiceProcess, client: RolloutClient, identical: Path):
+        self.svc, self.client, self.identical = svc, client, identical
+        self.drafter, self.draft_version = str(identical), 0
+
+    def pushed(self, drafter: Path, version: int) -> None:
+        """Record a drafter a test committed with UpdateDraft."""
+        self.drafter, self.draft_version = str(drafter), version
+
+    def serve(self, drafter: Path) -> int:
+        """Make `drafter` the served one (UpdateDraft at the next version unless it serves already); its version."""
+        if self.drafter != str(drafter):
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            version = self.client.status().draft_version + 1
+            self.client.update_draft(AutoModelForCausalLM.from_pretrained(drafter, dtype=torch.float32), version)
+            self.pushed(drafter, version)
+        return self.draft_version
+
+
+@pytest.fixture(scope="session")
+def spec_service(tiny_model, tmp_path_factory):
+    """A speculative service (draft_model, k = 3 every step: --k-control fixed) shared by test_speculation.py and
+    test_tokens_and_topk.py, started with a drafter identical to the target at drafter version 0. A test that needs
+    another drafter serving pushes it (SpecService.serve) and checks versions relative to the one it got."""
+    identical = perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "identical", scale=0.0)
+    with contextlib.ExitStack() as stack:
+        svc = stack.enter_context(running_service(
+            tiny_model, tmp_path_factory.mktemp("logs") / "spec.log", "--speculation", "draft_model", "--draft-model",
+            str(identical), "--num-speculative-tokens", "3", "--k-control", "fixed"))
+        c = stack.enter_context(RolloutClient(svc.target))
+        _stoppers["spec_service"] = stack
+        yield SpecService(svc, c, identical)
+        _stoppers.pop("spec_service", None)

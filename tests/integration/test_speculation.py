@@ -20,9 +20,9 @@ PLAIN_ARGS = ARGS | {"top_k": 0}       # the checks on `repeats` prompts: no top
 
 
 @pytest.fixture(scope="module")
-def drafter(tiny_model, tmp_path_factory):
-    """A noisy copy of the target: accepts often, rejects often enough to exercise resampling."""
-    return perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "noisy", scale=0.1, seed=1)
+def drafter(noisy_drafter):
+    """A noisy copy of the target (conftest.py): accepts often, rejects often enough to exercise resampling."""
+    return noisy_drafter
 
 
 @pytest.fixture(scope="module")
@@ -292,16 +292,7 @@ def test_suffix_decoding_is_lossless(tiny_model, repeats, per_step):
     assert report.acceptance_rate > 0.05, "the prompts must make the suffix drafter propose and be accepted"
 
 
-# ---- a speculative service: telemetry and drafter updates --------------------------------------
-
-@pytest.fixture(scope="module")
-def spec_service(tiny_model, tmp_path_factory):
-    identical = perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "identical", scale=0.0)
-    with running_service(tiny_model, tmp_path_factory.mktemp("logs") / "spec.log", "--speculation", "draft_model",
-                         "--draft-model", str(identical), "--num-speculative-tokens", "3",
-                         "--k-control", "fixed") as svc, RolloutClient(svc.target) as c:
-        yield svc, c
-
+# ---- a speculative service (conftest.py's spec_service, shared): telemetry and drafter updates ----------------
 
 def acceptance(status, draft_version):
     rows = [s for s in status.speculation if s.draft_version == draft_version]
@@ -310,29 +301,33 @@ def acceptance(status, draft_version):
 
 
 def test_identical_drafter_accepts_nearly_everything_and_worse_drafter_less(spec_service, tiny_model, drafter):
-    svc, c = spec_service
+    """The drafter identical to the target: version 0 as the shared service starts (pushed first where a test before
+    left another serving), then the noisy drafter pushed as the next version."""
+    svc, c = spec_service.svc, spec_service.client
+    v = spec_service.serve(spec_service.identical)
     samples = list(c.generate(PROMPTS, n=4, max_tokens=24, ignore_eos=True, temperature=1.0))
-    assert all(s.num_drafted > 0 and s.draft_version == 0 for s in samples)
+    assert all(s.num_drafted > 0 and s.draft_version == v for s in samples)
     st = c.status()
     assert st.speculation_method == "draft_model" and st.num_speculative_tokens == 3
-    same = acceptance(st, 0)
+    same = acceptance(st, v)
     assert same.acceptance_rate > 0.9 and same.mean_acceptance_length > 3.0
     assert len(same.per_position_acceptance) == 3 and same.per_position_acceptance[0] >= same.per_position_acceptance[2]
 
     from transformers import AutoModelForCausalLM
     worse = AutoModelForCausalLM.from_pretrained(drafter, dtype=torch.float32)
-    res = c.update_draft(worse, 1)
-    assert res.version == 1 and res.target == "drafter"
-    assert c.status().draft_version == 1 and c.status().policy_version == 0
+    res = c.update_draft(worse, v + 1)
+    spec_service.pushed(drafter, v + 1)
+    assert res.version == v + 1 and res.target == "drafter"
+    assert c.status().draft_version == v + 1 and c.status().policy_version == 0
     samples = list(c.generate(PROMPTS, n=4, max_tokens=24, ignore_eos=True, temperature=1.0))
-    assert all(s.draft_version == 1 for s in samples)
-    lower = acceptance(c.status(), 1)
+    assert all(s.draft_version == v + 1 for s in samples)
+    lower = acceptance(c.status(), v + 1)
     assert lower.acceptance_rate < same.acceptance_rate - 0.1, (lower, same)
     code, text = svc.http_get("/metrics")
-    assert 'rollout_spec_accepted_tokens_total{draft_version="1",policy_version="0"}' in text
+    assert f'rollout_spec_accepted_tokens_total{{draft_version="{v + 1}",policy_version="0"}}' in text
 
     with pytest.raises(grpc.RpcError) as e:
-        c.update_draft(worse, 1)
+        c.update_draft(worse, v + 1)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -341,7 +336,7 @@ def test_speculative_service_logprobs_match_reference(spec_service, tiny_model):
 
     from rollout_service.drafting.reference import processed_logprobs
 
-    _, c = spec_service
+    c = spec_service.client
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     for group in c.generate_all(PROMPTS, n=2, max_tokens=16, ignore_eos=True, temperature=0.9, top_p=0.95, seed=2):
         for s in group:

@@ -10,13 +10,11 @@ import numpy as np
 import openai
 import pytest
 import torch
-from rollout_client import RolloutClient, build_request
-from rollout_client.launcher import ServiceProcess
+from rollout_client import build_request
 from transformers import AutoTokenizer
 
 from rollout_service.drafting.reference import processed_logprob_rows
 from rollout_tasks.chat import chat_token_ids
-from tests.tiny_models import perturbed_copy
 
 PROMPTS = [[1, 504, 3458, 314, 260], [1, 1046, 2683, 77]]
 TOL = 1e-3          # nats; float32 on both sides
@@ -61,19 +59,11 @@ def test_grpc_top_k_matches_an_independent_forward_pass(client, hf_model, temper
 
 
 @pytest.fixture(scope="module")
-def spec_client(tiny_model, tmp_path_factory):
-    """A speculative service: a noisy copy of the target drafts k = 3 every step, so steps accept and reject."""
-    drafter = perturbed_copy(tiny_model, tmp_path_factory.mktemp("drafters") / "noisy-topk", scale=0.1, seed=1)
-    svc = ServiceProcess(str(tiny_model), log_path=tmp_path_factory.mktemp("logs") / "spec-topk.log", extra_args=[
-        "--max-model-len", "512", "--kv-cache-gb", "1", "--dtype", "float32", "--max-num-seqs", "32",
-        "--speculation", "draft_model", "--draft-model", str(drafter), "--num-speculative-tokens", "3",
-        "--k-control", "fixed"])
-    svc.start()
-    try:
-        with RolloutClient(svc.target) as c:
-            yield c
-    finally:
-        assert svc.stop() == 0
+def spec_client(spec_service, noisy_drafter):
+    """The shared speculative service (conftest.py: k = 3 every step) with a noisy copy of the target drafting (pushed
+    here unless it serves already), so steps accept and reject."""
+    spec_service.serve(noisy_drafter)
+    return spec_service.client
 
 
 def test_top_k_and_token_streams_with_speculation(spec_client, hf_model):
