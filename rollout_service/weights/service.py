@@ -26,6 +26,15 @@ log = logging.getLogger(__name__)
 # LoadWeights' directory listings and header reads: threads of their own, so reads stuck on a stalled
 # filesystem can neither hold the event loop nor take the default executor's threads from pushes.
 FILE_IO = ThreadPoolExecutor(max_workers=4, thread_name_prefix="load-weights-io")
+# A push's chunks are checked, hashed and copied into the staging file in a thread, in order, at most this many bytes
+# (or chunks) at a time; the next ones are received meanwhile.
+BATCH_BYTES = 1 << 20
+BATCH_CHUNKS = 256
+
+
+def _add_all(stager: Stager, chunks: list) -> None:
+    for c in chunks:
+        stager.add(c.name, c.dtype, c.shape, c.offset, c.data)
 
 
 @dataclass
@@ -140,7 +149,20 @@ class WeightService:
         # Hashing and copying into the staging file run in a thread (hashlib and the copies release the GIL),
         # so Generate streams keep flowing on the event loop while a large push arrives. Pipelined: the next
         # chunk is received while the thread checks, hashes and copies the previous one (in order).
+        # Chunks that arrive while the thread copies the previous ones go to it together (up to BATCH_BYTES): one
+        # thread hop per chunk cost more than the copies of an adapter's ~400 small tensors (its receive took
+        # 0.12-0.24 s for 9.8 MB). A chunk that finds the thread idle goes at once.
         adding: asyncio.Future | None = None
+        batch: list[Chunk] = []
+        batched = 0
+
+        async def hand_over():
+            nonlocal adding, batch, batched
+            if adding is not None:
+                await adding
+            adding = asyncio.ensure_future(asyncio.to_thread(_add_all, stager, batch)) if batch else None
+            batch, batched = [], 0
+
         try:
             async for c in chunks:
                 if isinstance(c, Trailer):
@@ -149,10 +171,11 @@ class WeightService:
                     _check_sha256(c.sha256, "trailer")
                     stager.sha256 = c.sha256
                     continue
-                if adding is not None:
-                    await adding
-                adding = asyncio.ensure_future(
-                    asyncio.to_thread(stager.add, c.name, c.dtype, c.shape, c.offset, c.data))
+                batch.append(c)
+                batched += len(c.data)
+                if adding is None or adding.done() or batched >= BATCH_BYTES or len(batch) >= BATCH_CHUNKS:
+                    await hand_over()
+            await hand_over()
             if adding is not None:
                 await adding
             if not stager.sha256:
