@@ -99,7 +99,7 @@ def test_skyrl_remote_inference_client(service, client, policy, tiny_model, monk
     from transformers import AutoTokenizer
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-    from tests.integration.test_weight_transfer import GlooEndpoint
+    from rollout_client.trl_gloo import GlooEndpoint
     from rollout_client.transfer import send
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
