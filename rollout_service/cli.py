@@ -156,6 +156,9 @@ def cmd_serve(args) -> int:
             overrides["engine.speculation.k_by_batch_size"] = parse_k_schedule(
                 overrides["engine.speculation.k_by_batch_size"])
         cfg = load_config(args.config, **overrides)
+        from rollout_service.server.auth import load_credentials
+
+        load_credentials(cfg.security, cfg.host)   # what it refuses (a remote bind without tokens): before vLLM loads
     except ConfigError as e:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
@@ -205,6 +208,10 @@ def cmd_verify_lossless(args) -> int:
     if args.power_temperature is not None and not args.power_temperature > 0:
         print(f"rollout-service: --power-temperature {args.power_temperature}: must be > 0", file=sys.stderr)
         return 2
+    from rollout_service.engine import forkserver
+
+    # the check's engines start in this process: their fork server imports vLLM beside this process's own import
+    forkserver.prestart(DEFAULT_BASE.kv_cache_gb, DEFAULT_BASE.tensor_parallel_size)
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
     try:
