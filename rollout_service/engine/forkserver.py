@@ -89,18 +89,18 @@ def _die_with_fork_server() -> None:
 
 
 def stop() -> None:
-    """Stop this process's fork server and reap it (registered at exit): a fork server orphaned by an exiting front end
-    ends anyway, but where nobody reaps orphans (a container's init that does not) it would stay a zombie. One that
-    was prestarted and never used is killed: it may still be importing vLLM, and it started nothing."""
+    """Stop this process's fork server and reap it (registered at exit). It is killed: it holds nothing to finalize
+    (the engines forked from it are shut down by then, and any left die with it), and its interpreter's orderly exit,
+    torch and vLLM imported, took 2.8 s on 2 cores that every exiting front end waited for (0.1 s killed). Reaped: where
+    nobody reaps orphans (a container's init that does not) it would stay a zombie."""
     server = multiprocessing.forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     if pid is None:
         return
-    if _prestarted is not None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
     try:
         server._stop()
     except (OSError, ChildProcessError):
