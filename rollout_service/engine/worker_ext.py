@@ -69,17 +69,8 @@ class RolloutWorkerExtension:
 
             recorder = Recorder(record_path, update_info) if record_path else None
             sink = _Sink(load, recorder)
-            engine.set_weight_update_target(sink, None)
             t0 = time.perf_counter()
-            try:
-                engine.receive_weights(typed)
-                if torch_accelerated():
-                    import torch
-
-                    torch.accelerator.synchronize()
-            finally:
-                engine.reset_weight_update_target()
-                sink.close()
+            _receive_into(engine, typed, sink)
             if fill:                                         # after the pushed tensors: whole layers (layers.py)
                 _from_files(fill, load)
             total = time.perf_counter() - t0
@@ -105,16 +96,7 @@ class RolloutWorkerExtension:
             t0 = time.perf_counter()
             try:
                 sink = _Sink(lambda items: None, Recorder(record_path, update_info) if record_path else None)
-                engine.set_weight_update_target(sink, None)
-                try:
-                    engine.receive_weights(typed)
-                    if torch_accelerated():
-                        import torch
-
-                        torch.accelerator.synchronize()
-                finally:
-                    engine.reset_weight_update_target()
-                    sink.close()
+                _receive_into(engine, typed, sink)
                 result["tensors"] = len(update_info["names"])
                 result["phases_s"] = {"record": sink.record_s, "receive": time.perf_counter() - t0 - sink.record_s}
             except BaseException as err:  # reported to the front end through done_path
@@ -206,6 +188,21 @@ class RolloutWorkerExtension:
 
 
 _frozen = False
+
+
+def _receive_into(engine, typed, sink: "_Sink") -> None:
+    """One push over the weight-transfer group, every tensor handed to `sink` as it arrives (closed after, also when
+    the receive fails); on accelerators the device is synchronized before the tensors count as received."""
+    engine.set_weight_update_target(sink, None)
+    try:
+        engine.receive_weights(typed)
+        if torch_accelerated():
+            import torch
+
+            torch.accelerator.synchronize()
+    finally:
+        engine.reset_weight_update_target()
+        sink.close()
 
 
 def _report(done_path: str, result: dict) -> None:
