@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import grpc
 
 from rollout_service.config import ConfigError, LoraConfig
+from rollout_service.durable import write_json_atomically
 from rollout_service.errors import ServiceError, about_field
 
 log = logging.getLogger(__name__)
@@ -252,13 +252,7 @@ class AdapterRegistry:
         fsynced. Blocking: call it in a thread. Nothing to do without a state_dir."""
         if not self.durable:
             return
-        tmp = self.record_path.with_name(RECORD + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(record, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.record_path)
-        fsync_dir(self.record_path.parent)
+        write_json_atomically(self.record_path, record)
 
     def _restore(self) -> None:
         """Read the record back (if any): every recorded version becomes loaded (with a new LoRA id) and the
@@ -318,14 +312,6 @@ class AdapterRegistry:
             for version in folder.iterdir():
                 if version not in live:
                     _remove(version)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove(path: Path) -> None:

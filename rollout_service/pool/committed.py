@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import uuid
 from pathlib import Path
 
 from rollout_service.config import ConfigError
+from rollout_service.durable import fsync_path, write_json_atomically
 from rollout_service.faults import crash_point
 from rollout_service.scratch import recycle
 from rollout_service.weights.layers import completion
@@ -83,7 +83,7 @@ class CommittedWeights:
             else:
                 shutil.move(f, dest)
             if self.durable:
-                _fsync(dest)
+                fsync_path(dest)
             kept.append(dest)
         crash_point("files_recorded")
         for dest in kept:
@@ -163,13 +163,7 @@ class CommittedWeights:
                 record["versions"][target] = old["version"]
                 record["checkpoints"][target] = old["checkpoint"]
                 record["overlay"][target] = old["overlay"]
-        tmp = self.state_dir / (RECORD + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(record, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.state_dir / RECORD)
-        _fsync(self.state_dir)                     # the rename itself
+        write_json_atomically(self.state_dir / RECORD, record)
 
     def _restore(self) -> None:
         """Read state_dir's record (if any) back: the versions and the overlay files; remove files no record
@@ -212,11 +206,3 @@ class CommittedWeights:
             for f in (self.state_dir / target).glob("*.safetensors"):
                 if f not in live:
                     f.unlink()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -141,10 +141,9 @@ def write_dir(folder: Path, config: dict, weights: Path, keep: bool, durable: bo
     """A PEFT adapter directory vLLM loads: `folder`/adapter_config.json and adapter_model.safetensors (moved from
     `weights`, or copied with keep=True). durable: the files, the folder and its two parents (the adapter's and the
     adapters' folders) fsynced, so a record naming it may follow. Blocking: call it in a thread."""
-    import os
     import shutil
 
-    from rollout_service.pool.adapters import fsync_dir
+    from rollout_service.durable import fsync_path
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(config))
@@ -153,12 +152,6 @@ def write_dir(folder: Path, config: dict, weights: Path, keep: bool, durable: bo
     else:
         shutil.move(weights, folder / WEIGHTS_FILE)
     if durable:
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            fd = os.open(folder / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        for d in (folder, folder.parent, folder.parent.parent):
-            fsync_dir(d)
+        for path in (folder / CONFIG_FILE, folder / WEIGHTS_FILE, folder, folder.parent, folder.parent.parent):
+            fsync_path(path)
     return folder
