@@ -41,3 +41,18 @@ async def push(svc, weights, version, **kw):
             c = m.chunk
             yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
     return await svc.push(header, chunks())
+
+
+def run_until_killed(target, args: tuple, point: str) -> None:
+    """Run `target(*args)` in a forked child (a server that arms ROLLOUT_CRASH_AT=`point` itself) and fail unless the
+    crash point killed it (SIGKILL); the child's staging folder is removed, as a restarted server's sweep would."""
+    import multiprocessing
+    import shutil
+
+    from rollout_service import scratch
+
+    child = multiprocessing.get_context("fork").Process(target=target, args=args)
+    child.start()
+    child.join(60)
+    shutil.rmtree(scratch._scratch_base() / f"{scratch.ROOT_PREFIX}{child.pid}", ignore_errors=True)
+    assert child.exitcode == -9, f"the server was not killed at {point} (exit {child.exitcode})"

@@ -27,6 +27,7 @@ from rollout_service.weights.adapters import PREFIX, parse_config
 from rollout_service.weights.manifest import read_manifest
 from rollout_service.weights.service import Chunk, Header, Trailer, WeightService
 from tests.fake_engine import FakeEngine
+from tests.unit.conftest import run_until_killed
 
 H, INTER = 6, 10           # hidden and intermediate sizes of the fake decoder layer
 BASE = {"model.embed_tokens.weight": torch.zeros(50, H), "lm_head.weight": torch.zeros(50, H),
@@ -407,17 +408,8 @@ def _push_adapter_and_crash(ckpt, state, point):
 @pytest.mark.parametrize("point", ADAPTER_COMMIT_POINTS)
 def test_a_server_killed_at_any_phase_of_an_adapter_commit_restarts_at_the_old_or_the_new_version(ckpt, tmp_path,
                                                                                                    point):
-    import multiprocessing
-    import shutil
-
-    from rollout_service import scratch
-
     state = tmp_path / "state"
-    child = multiprocessing.get_context("fork").Process(target=_push_adapter_and_crash, args=(ckpt, state, point))
-    child.start()
-    child.join(60)
-    shutil.rmtree(scratch._scratch_base() / f"{scratch.ROOT_PREFIX}{child.pid}", ignore_errors=True)
-    assert child.exitcode == -9, f"the server was not killed at {point} (exit {child.exitcode})"
+    run_until_killed(_push_adapter_and_crash, (ckpt, state, point), point)
 
     async def main():
         pool, weights, service = await make(ckpt, state_dir=state)

@@ -2,23 +2,20 @@
 last committed versions; a server SIGKILLed at any phase of a commit restarts at the old or the new version,
 never a mixture. FakeEngines hold the tensors they were given, so the values each version serves are checked."""
 import asyncio
-import multiprocessing
 import os
-import shutil
 
 import grpc
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollout_service import scratch
 from rollout_service.config import ConfigError
 from rollout_service.faults import COMMIT_POINTS
 from rollout_service.pool.pool import EnginePool
 from rollout_service.server.convert import status_to_proto
 from rollout_service.weights.service import WeightService
 from tests.fake_engine import FakeEngine
-from tests.unit.conftest import ORIGINAL, push
+from tests.unit.conftest import ORIGINAL, push, run_until_killed
 
 V1 = {"a.weight": torch.full((4, 3), 1.0), "b.bias": torch.full((5,), 1.0, dtype=torch.bfloat16)}
 V2 = {"a.weight": torch.full((4, 3), 2.0), "b.bias": torch.full((5,), 2.0, dtype=torch.bfloat16)}
@@ -118,11 +115,7 @@ def _push_and_crash(ckpt, state, point):
 @pytest.mark.parametrize("point", COMMIT_POINTS)
 def test_a_server_killed_at_any_phase_of_a_commit_restarts_at_the_old_or_the_new_version(ckpt, tmp_path, point):
     state = tmp_path / "state"
-    child = multiprocessing.get_context("fork").Process(target=_push_and_crash, args=(ckpt, state, point))
-    child.start()
-    child.join(60)
-    shutil.rmtree(scratch._scratch_base() / f"{scratch.ROOT_PREFIX}{child.pid}", ignore_errors=True)
-    assert child.exitcode == -9, f"the server was not killed at {point} (exit {child.exitcode})"
+    run_until_killed(_push_and_crash, (ckpt, state, point), point)
 
     async def main():
         pool, svc = await _server(ckpt, state)
