@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -52,7 +53,7 @@ class VllmServe:
         self.cmd = [sys.executable, "-c", "from vllm.entrypoints.launchers.api_server.entry import main; main()",
                     "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
                     "--served-model-name", "policy", *args]
-        self.env, self.log, self.proc = env, log, None
+        self.args, self.env, self.log, self.proc = args, env, log, None
         self.http = f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 600) -> "VllmServe":
@@ -123,6 +124,31 @@ async def http_request(client, url: str, prompt: list[int], n: int, max_tokens: 
     return {"tokens": tokens, "ttft": first, "latency": time.perf_counter() - t0}
 
 
+@contextlib.contextmanager
+def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_gb: float, speculation: str = "none"):
+    """`vllm serve` and the service on the same model and engine settings (logs in a fresh temporary folder), started
+    one after the other and stopped at the end; yields (vllm, service, targets: arm -> its HTTP base or gRPC client)."""
+    from rollout_client import RolloutClient
+    from rollout_client.launcher import ServiceProcess
+
+    flags, env = engine_flags(model, dtype, max_len, max_seqs, kv_cache_gb)
+    logs = Path(tempfile.mkdtemp(prefix="vs-vllm-serve-"))
+    ours = ["--dtype", dtype, "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs),
+            "--kv-cache-gb", str(kv_cache_gb)]
+    if speculation != "none":
+        ours += ["--speculation", speculation]
+    vllm = VllmServe(model, flags, env, logs / "vllm_serve.log")
+    svc = ServiceProcess(model, extra_args=ours, log_path=logs / "service.log")
+    try:
+        vllm.start()
+        svc.start()
+        with RolloutClient(svc.target) as client:
+            yield vllm, svc, {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client}
+    finally:
+        svc.stop()
+        vllm.stop()
+
+
 def grpc_request(client, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
     t0 = time.perf_counter()
     first, tokens = None, 0
@@ -191,8 +217,6 @@ def main() -> int:
 
     from tqdm import tqdm
 
-    from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
     from rollout_service.cli import resolve_model
     from rollout_service.model_info import ModelInfo
     from rollout_tasks.arithmetic import split
@@ -201,20 +225,9 @@ def main() -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     info = ModelInfo.load(model, args.max_model_len)
     prompts = [info.encode(p.prompt, chat=True) for p in split(max(levels) * (args.rounds + 1))]
-    flags, env = engine_flags(model, args.dtype, args.max_model_len, max(levels), args.kv_cache_gb)
-    logs = Path(tempfile.mkdtemp(prefix="vs-vllm-serve-"))
-    ours = ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(levels)),
-            "--kv-cache-gb", str(args.kv_cache_gb)]
-    if args.speculation != "none":
-        ours += ["--speculation", args.speculation]
-    vllm = VllmServe(model, flags, env, logs / "vllm_serve.log")
-    svc = ServiceProcess(model, extra_args=ours, log_path=logs / "service.log")
     rows = []
-    try:
-        vllm.start()
-        svc.start()
-        client = RolloutClient(svc.target)
-        targets = {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client}
+    with both_servers(model, args.dtype, args.max_model_len, max(levels), args.kv_cache_gb,
+                      args.speculation) as (vllm, svc, targets):
         for arm in ARMS:                                         # warm-up: every path once, streamed and not
             for stream in (False, True):                         # (a dialect's first stream sets up its detokenizer)
                 run_batch(arm, targets, prompts[:2], 1, 8, stream)
@@ -232,10 +245,6 @@ def main() -> int:
                             bar.update()
                         rows.append({"round": r, "concurrency": conc, "stream": stream, "order": list(order),
                                      **{arm: res for arm, res in got.items()}})
-        client.close()
-    finally:
-        svc.stop()
-        vllm.stop()
     summary = []
     for conc in levels:
         for stream in (False, True):
@@ -251,7 +260,7 @@ def main() -> int:
             summary.append(row)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
            "command": "bench/vs_vllm_serve.py " + " ".join(sys.argv[1:]), "model": model,
-           "vllm_serve_flags": flags, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
+           "vllm_serve_flags": vllm.args, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
            "summary": summary, "rounds": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

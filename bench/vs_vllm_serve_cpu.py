@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,8 +47,6 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/vs_vllm_serve_cpu.json")
     args = ap.parse_args()
 
-    from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
     from rollout_service.cli import resolve_model
     from rollout_service.model_info import ModelInfo
     from rollout_tasks.arithmetic import split
@@ -58,17 +55,8 @@ def main() -> int:
     conc = args.concurrency
     model = resolve_model(None)
     prompts = [ModelInfo.load(model, 1024).encode(p.prompt, chat=True) for p in split(conc * len(order))]
-    flags, env = vs.engine_flags(model, "auto", 1024, 64, 2)
-    logs = Path(tempfile.mkdtemp(prefix="vs-vllm-serve-cpu-"))
-    vllm = vs.VllmServe(model, flags, env, logs / "vllm_serve.log")
-    svc = ServiceProcess(model, extra_args=["--dtype", "auto", "--max-model-len", "1024", "--max-num-seqs", "64",
-                                            "--kv-cache-gb", "2"], log_path=logs / "service.log")
     rows = []
-    try:
-        vllm.start()
-        svc.start()
-        client = RolloutClient(svc.target)
-        targets = {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client}
+    with vs.both_servers(model, "auto", 1024, 64, 2) as (vllm, svc, targets):
         for arm in vs.ARMS:
             vs.run_batch(arm, targets, prompts[:2], 1, 8, False)
         pids = {"vllm_serve": vllm.proc.pid, "ours": svc.proc.pid}
@@ -80,10 +68,6 @@ def main() -> int:
                    "cpu_s": {k: delta(before[k], after[k]) for k in pids}}
             print(json.dumps(row), flush=True)
             rows.append(row)
-        client.close()
-    finally:
-        svc.stop()
-        vllm.stop()
     Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                           "concurrency": conc, "rows": rows}, indent=1))
     return 0
