@@ -1,11 +1,18 @@
-"""A small tenant's latency while another floods the pool (tenants with the fair gate, pool/fair.py), in one run:
+"""A small tenant's latency while another tenant floods the pool, with the fair gate (pool/fair.py) and without:
 
-    .venv/bin/python bench/tenants.py [--model DIR] [--rounds 3] [--requests 8] [--max-num-seqs 16]
+    .venv/bin/python bench/tenants.py [--model DIR] [--rounds 3] [--requests 8] [--flood 4] [--max-num-seqs 16]
+    .venv/bin/python bench/tenants.py --smoke        # the tests' tiny model, 1 round, a few requests (a check)
 
-Two tenants, each with its own rank-8 adapter: `flood` keeps `--flood` requests of n = 8 (64 tokens each) in flight
-all the time; `small` sends one prompt, n = 1, 16 tokens, `--requests` times one after another. Rounds alternate
-small alone and small during the flood; the result is small's median latency during the flood over alone (goal: at
-most 2x). Results: bench/results/tenants.json.
+Two services on one model, started side by side, each one engine of `--max-num-seqs`, LoRA on, float32:
+- `fair`: two tenants in security.tenants (their own tokens over gRPC, each its own rank-8 adapter), so the fair gate
+  shares the engine's slots between them;
+- `off`: the same two adapters, no tenants (the client and admin tokens): no gate, vLLM's first-come queue.
+In each, `flood` keeps `--flood` requests of n = 8 (`--flood-tokens` each, ignore_eos) in flight all the time (more
+sequences than the engine batches: some always wait); `small` sends one prompt, n = 1, `--small-tokens` tokens,
+`--requests` times one after another, streamed (the first token's time splits waiting + prefill from decoding).
+Rounds alternate the arms' order; in each arm small runs alone, then during the flood. The result per arm: small's
+median latency during the flood over alone (goal: at most 2x with the gate). Results: bench/results/tenants.json
+(--smoke: a temporary file unless --out).
 """
 from __future__ import annotations
 
@@ -20,89 +27,166 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+PROMPT = [1, 504, 3458, 314, 260, 9]
+ARMS = ("fair", "off")
+
+
+def write_config(tmp: Path, tokens: dict, tenants: bool) -> Path:
+    cfg = tmp / f"server-{'tenants' if tenants else 'plain'}.toml"
+    text = f'[security]\ntoken_file = "{tmp / "client"}"\nadmin_token_file = "{tmp / "admin"}"\n'
+    if tenants:
+        text += "".join(f'[[security.tenants]]\nname = "{t}"\ntoken_file = "{tmp / t}"\npolicies = ["{t}"]\n'
+                        for t in ("flood", "small"))
+    cfg.write_text(text)
+    return cfg
+
+
+def small_latencies(client, args) -> tuple[list[float], list[float]]:
+    """(latency, time to the first token) of `--requests` single samples, one after another."""
+    lat, first = [], []
+    for i in range(args.requests):
+        t0 = time.perf_counter()
+        t_first = None
+        n = 0
+        for s in client.generate([PROMPT], max_tokens=args.small_tokens, ignore_eos=True, temperature=1.0, seed=i,
+                                 policy="small", stream_tokens=True):
+            if s.delta and t_first is None:
+                t_first = time.perf_counter() - t0
+            if not s.delta:
+                n = len(s.token_ids)
+        lat.append(time.perf_counter() - t0)
+        first.append(t_first if t_first is not None else lat[-1])
+        assert n == args.small_tokens, n
+    return lat, first
+
+
+def flood_round(clients, args) -> dict:
+    """small alone, then small while `flood` keeps its requests in flight; queue depth sampled during the flood."""
+    import grpc
+
+    alone, alone_first = small_latencies(clients["small"], args)
+    stop = threading.Event()
+    errors: list[str] = []
+    depth: list[int] = []
+
+    def flood(i):
+        k = 0
+        while not stop.is_set():
+            try:
+                clients["flood"].generate_all([PROMPT], n=8, max_tokens=args.flood_tokens, ignore_eos=True,
+                                              temperature=1.0, seed=1000 * i + k, policy="flood")
+            except grpc.RpcError as e:                     # its quota or the queue: back off
+                errors.append(e.code().name)
+                time.sleep(0.2)
+            k += 1
+
+    def watch():
+        while not stop.is_set():
+            depth.append(clients["small"].status().queue_depth)
+            stop.wait(0.5)
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(args.flood)]
+    for t in threads:
+        t.start()
+    time.sleep(args.fill_s)                                # the flood fills the engine
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    during, during_first = small_latencies(clients["small"], args)
+    stop.set()
+    for t in threads + [watcher]:
+        t.join()
+    row = {"alone_p50_s": statistics.median(alone), "flood_p50_s": statistics.median(during),
+           "alone_first_p50_s": statistics.median(alone_first), "flood_first_p50_s": statistics.median(during_first),
+           "alone_s": [round(x, 3) for x in alone], "flood_s": [round(x, 3) for x in during],
+           "flood_first_s": [round(x, 3) for x in during_first],
+           "queue_depth_min": min(depth, default=0), "queue_depth_median": statistics.median(depth or [0]),
+           "flood_errors": len(errors)}
+    row["ratio"] = row["flood_p50_s"] / row["alone_p50_s"]
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="")
+    ap.add_argument("--model", default="", help="a model directory (default: the default model)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=8, help="small's requests per phase")
     ap.add_argument("--flood", type=int, default=4, help="flood requests in flight (n = 8 each)")
+    ap.add_argument("--flood-tokens", type=int, default=64)
+    ap.add_argument("--small-tokens", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=16, help="each engine's batch: the fair gate's slots")
-    ap.add_argument("--out", default="bench/results/tenants.json")
+    ap.add_argument("--fill-s", type=float, default=3.0, help="seconds the flood runs before small starts")
+    ap.add_argument("--smoke", action="store_true", help="the tests' tiny model, 1 round, 3 requests, a flood of "
+                                                         "2 x 8 over 4 slots; results to a temporary file")
+    ap.add_argument("--out", default=None, help="default bench/results/tenants.json")
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+    if args.smoke:
+        from tests.tiny_models import build_tiny_model
 
-    import grpc
+        args.model = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="tenants-tiny-")) / "tiny-llama"))
+        args.rounds, args.requests, args.flood, args.max_num_seqs, args.fill_s = 1, 3, 2, 4, 1.0
+        args.flood_tokens, args.small_tokens = 32, 8
+    out_path = Path(args.out or (tempfile.mkdtemp(prefix="tenants-smoke-") + "/tenants.json" if args.smoke
+                                 else "bench/results/tenants.json"))
+
+    from lora import adapter_state                                 # bench/lora.py
     from rollout_client import RolloutClient
     from rollout_client.launcher import ServiceProcess
 
     from rollout_service.cli import resolve_model
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from lora import adapter_state                                 # bench/lora.py
 
     model_dir = resolve_model(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
     tokens = {"client": "c" * 24, "admin": "a" * 24, "flood": "f" * 24, "small": "s" * 24}
     for k, v in tokens.items():
         (tmp / k).write_text(v)
-    cfg = tmp / "server.toml"
-    cfg.write_text(f'[security]\ntoken_file = "{tmp / "client"}"\nadmin_token_file = "{tmp / "admin"}"\n' + "".join(
-        f'[[security.tenants]]\nname = "{t}"\ntoken_file = "{tmp / t}"\npolicies = ["{t}"]\n'
-        for t in ("flood", "small")))
-    extra = ["--config", str(cfg), "--max-adapters", "4", "--max-lora-rank", "8", "--speculation", "none",
-             "--dtype", "float32", "--max-num-seqs", str(args.max_num_seqs), "--max-queue", "512"]
-    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": model_dir, "max_num_seqs": args.max_num_seqs,
-           "flood_requests": args.flood, "rounds": [], "load_avg_start": os.getloadavg()[0]}
-    prompt = [1, 504, 3458, 314, 260, 9]
-    with ServiceProcess(model_dir, extra_args=extra, log_path="bench/results/tenants-service.log") as svc:
-        clients = {t: RolloutClient(svc.target, token=tokens[t], admin_token=tokens[t]) for t in ("flood", "small")}
-        for t, c in clients.items():
-            tensors, config, _ = adapter_state(model_dir, 8, seed=len(t))
-            c.push_adapter(t, tensors, 1, config=config)
-
-        def small_latencies() -> list[float]:
-            lat = []
-            for i in range(args.requests):
-                t0 = time.perf_counter()
-                clients["small"].generate_all([prompt], max_tokens=16, ignore_eos=True, temperature=1.0, seed=i,
-                                              policy="small")
-                lat.append(time.perf_counter() - t0)
-            return lat
-
-        small_latencies()                                          # warm-up
+    extra = ["--max-adapters", "4", "--max-lora-rank", "8", "--speculation", "none", "--dtype", "float32",
+             "--max-num-seqs", str(args.max_num_seqs), "--max-queue", "512", "--kv-cache-gb", "1"]
+    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": model_dir, "smoke": args.smoke,
+           "max_num_seqs": args.max_num_seqs, "flood_requests": args.flood, "flood_sequences": 8 * args.flood,
+           "flood_tokens": args.flood_tokens, "small_tokens": args.small_tokens, "requests": args.requests,
+           "rounds": [], "load_avg_start": os.getloadavg()[0]}
+    log_dir = tmp if args.smoke else Path("bench/results")
+    services = {arm: ServiceProcess(model_dir, extra_args=["--config", str(write_config(tmp, tokens, arm == "fair")),
+                                                           *extra],
+                                    log_path=log_dir / f"tenants-service-{arm}.log") for arm in ARMS}
+    try:
+        for svc in services.values():
+            svc.start()
+        clients = {}
+        for arm, svc in services.items():
+            if arm == "fair":      # each tenant's own token, for sampling and for pushing its adapter
+                clients[arm] = {t: RolloutClient(svc.target, token=tokens[t], admin_token=tokens[t])
+                                for t in ("flood", "small")}
+            else:
+                clients[arm] = {t: RolloutClient(svc.target, token=tokens["client"], admin_token=tokens["admin"])
+                                for t in ("flood", "small")}
+            for seed, (t, c) in enumerate(clients[arm].items(), 1):
+                tensors, config, _ = adapter_state(model_dir, 8, seed=seed)
+                c.push_adapter(t, tensors, 1, config=config)
+            small_latencies(clients[arm]["small"], args)             # warm-up
         for r in range(args.rounds):
-            alone = small_latencies()
-            stop = threading.Event()
-
-            def flood(i):
-                while not stop.is_set():
-                    try:
-                        clients["flood"].generate_all([prompt], n=8, max_tokens=64, ignore_eos=True,
-                                                      temperature=1.0, seed=i, policy="flood")
-                    except grpc.RpcError as e:                     # its quota or the queue: back off
-                        print("flood:", e.code().name, flush=True)
-                        time.sleep(0.2)
-            threads = [threading.Thread(target=flood, args=(i,)) for i in range(args.flood)]
-            for t in threads:
-                t.start()
-            time.sleep(3.0)                                        # the flood fills the engine
-            during = small_latencies()
-            stop.set()
-            for t in threads:
-                t.join()
-            row = {"round": r, "alone_p50_s": statistics.median(alone), "flood_p50_s": statistics.median(during),
-                   "alone_s": alone, "flood_s": during}
-            row["ratio"] = row["flood_p50_s"] / row["alone_p50_s"]
-            out["rounds"].append(row)
-            print(f"round {r}: small p50 alone {row['alone_p50_s']:.2f} s, during the flood "
-                  f"{row['flood_p50_s']:.2f} s ({row['ratio']:.2f}x)", flush=True)
-        status = clients["small"].status()
+            for arm in (ARMS if r % 2 == 0 else ARMS[::-1]):
+                row = {"round": r, "arm": arm, **flood_round(clients[arm], args)}
+                out["rounds"].append(row)
+                print(f"round {r} {arm}: small p50 alone {row['alone_p50_s']:.2f} s, during the flood "
+                      f"{row['flood_p50_s']:.2f} s ({row['ratio']:.2f}x; first token {row['alone_first_p50_s']:.2f}"
+                      f" -> {row['flood_first_p50_s']:.2f} s; queue depth {row['queue_depth_median']})", flush=True)
+        status = clients["fair"]["small"].status()
         out["tenants"] = [{"name": t.name, "samples_total": t.samples_total} for t in status.tenants]
-    ratio = statistics.median(r["ratio"] for r in out["rounds"])
-    out["summary"] = {"p50_ratio": round(ratio, 2), "goal_2x": ratio <= 2.0, "load_avg_end": os.getloadavg()[0]}
-    print(json.dumps(out["summary"]))
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    finally:
+        for svc in services.values():
+            svc.stop()
+    summary = {}
+    for arm in ARMS:
+        ratio = statistics.median(r["ratio"] for r in out["rounds"] if r["arm"] == arm)
+        summary[f"{arm}_p50_ratio"] = round(ratio, 2)
+    summary["goal_2x_with_gate"] = summary["fair_p50_ratio"] <= 2.0
+    summary["load_avg_end"] = os.getloadavg()[0]
+    out["summary"] = summary
+    print(json.dumps(summary))
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    print("results:", out_path)
 
 
 if __name__ == "__main__":
