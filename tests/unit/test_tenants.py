@@ -8,7 +8,7 @@ import pytest
 from rollout_service.config import ServerConfig, TenantConfig
 from rollout_service.errors import ServiceError
 from rollout_service.engine.types import SeqRequest
-from rollout_service.pool.fair import FairGate
+from rollout_service.pool.fair import FairGate, reserve_of
 from rollout_service.pool.pool import EnginePool
 from rollout_service.server.auth import check_scope, load_credentials
 from tests.fake_engine import FakeEngine
@@ -58,7 +58,7 @@ def test_quota_refuses_a_tenant_beyond_its_sequences():
 
 def test_fair_gate_gives_a_freed_slot_to_the_tenant_with_fewest_running():
     async def main():
-        gate = FairGate(2)
+        gate = FairGate(2, reserve=0)                             # the pick order alone (the reserve: below)
         order = []
 
         async def one(tenant, i):
@@ -87,6 +87,43 @@ def test_fair_gate_gives_a_freed_slot_to_the_tenant_with_fewest_running():
     asyncio.run(main())
 
 
+def test_fair_gate_keeps_its_reserve_for_a_tenant_below_its_share():
+    """vLLM never preempts a running sequence: a flood holding every slot would make a newcomer wait for one of
+    its sequences to end. The last slots go only to a tenant below its share of the rest, so it starts at once."""
+    assert [reserve_of(n) for n in (0, 1, 2, 4, 16, 31, 32, 64, 256)] == [0, 0, 1, 1, 1, 1, 2, 4, 16]
+
+    async def main():
+        gate = FairGate(4)                                        # reserve 1: 3 shared
+        flood = [asyncio.create_task(gate.acquire("e0", "flood")) for _ in range(6)]
+        await asyncio.sleep(0)
+        assert gate.running["e0"] == {"flood": 3} and gate.waiting_of("flood") == 3   # alone: never the reserve
+        await asyncio.wait_for(gate.acquire("e0", "small"), 1)   # at once, ahead of the flood's waiting three
+        assert gate.running["e0"] == {"flood": 3, "small": 1}
+        gate.release("e0", "flood")
+        await asyncio.sleep(0)
+        assert gate.running["e0"] == {"flood": 2, "small": 1}    # the freed slot is the reserve again
+        gate.release("e0", "small")                               # small's sequence ended: the flood gets the
+        await asyncio.sleep(0)                                    # shared slots, never the reserve
+        assert gate.running["e0"] == {"flood": 3} and gate.waiting_of("flood") == 2
+        await asyncio.wait_for(gate.acquire("e0", "small"), 1)   # small's next sequence: at once
+        assert gate.running["e0"] == {"flood": 3, "small": 1}
+        for t in flood:
+            t.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+        assert gate.waiting_of("flood") == 0
+
+        gate = FairGate(16)                                       # two floods balancing do not eat the reserve
+        tasks = [asyncio.create_task(gate.acquire("e0", t)) for _ in range(12) for t in ("a", "b")]
+        await asyncio.sleep(0)
+        assert sorted(gate.running["e0"].values()) == [7, 8]
+        await asyncio.wait_for(gate.acquire("e0", "small"), 1)
+        assert sum(gate.running["e0"].values()) == 16
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run(main())
+
+
 def test_pool_with_fair_slots_starts_a_small_tenant_before_a_flood():
     async def main():
         eng = FakeEngine("e0", step_s=0.002)
@@ -97,7 +134,7 @@ def test_pool_with_fair_slots_starts_a_small_tenant_before_a_flood():
         small = pool.submit("", b"s", seqs(1, "small"), tenant="small")
         await asyncio.wait_for(asyncio.gather(*small.tasks), 5)
         started = [s.seq_id for s in eng.seen]
-        assert started.index("small-0") <= 8, started            # behind at most one round of the flood's slots
+        assert started.index("small-0") == 3, started            # the flood's first 3 (of 4 slots), then small
         assert not flood.done
         await asyncio.wait_for(asyncio.gather(*flood.tasks), 10)
         assert pool.tenant_load == {"flood": 0, "small": 0} and pool.tenant_samples == {"flood": 24, "small": 1}
