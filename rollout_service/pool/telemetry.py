@@ -159,7 +159,14 @@ class _KControlCollector:
                                    labels=["engine", "batch_sizes"])
         off = GaugeMetricFamily("rollout_spec_drafter_off", "1 where drafting loses and the controller switched the "
                                 "drafter off (k = 0, nothing of the drafter run)", labels=["engine", "batch_sizes"])
+        accept = GaugeMetricFamily("rollout_spec_policy_acceptance", "The controller's acceptance estimate per draft "
+                                   "position for each policy (the base: policy=\"\", a LoRA adapter: its name)",
+                                   labels=["engine", "policy", "position"])
         for engine, snap in sorted(self.t.k_control.items()):
+            for policy, row in sorted(snap.get("policies", {}).items()):
+                for i, a in enumerate(row["acceptance"], 1):
+                    if a is not None:
+                        accept.add_metric([engine, policy, str(i)], a)
             counts, cum, buckets = snap["steps_by_k"], 0, []
             for k, n in enumerate(counts):
                 cum += n
@@ -176,4 +183,4 @@ class _KControlCollector:
                     if row[f"{kind}_speedup"] is not None:
                         speed.add_metric([engine, row["batch"], str(snap["draft_version"]), kind],
                                          row[f"{kind}_speedup"])
-        yield from (hist, step, speed, chosen, off)
+        yield from (hist, step, speed, chosen, off, accept)

@@ -13,10 +13,16 @@ reports every finished step with `observe(...)`. Two things are measured:
   (every earlier draft accepted), the fraction that accepted it. A sequence the drafter proposed nothing for
   (n-gram without a match) counts as rejected. Acceptance does not depend on the batch, so every bucket shares it.
   It is forgotten when the drafter changes (`drafter_changed`) and decays so that it follows the moving policy.
+  It is kept per policy too: the base, and each LoRA adapter by name (`policy_of`: a drafter drafts for the base, so
+  an adapter's policy may accept its drafts more or less often). A policy's own estimate starts at the pooled one
+  (PRIOR pseudo-observations of it) and moves to its own counts as they come.
 
 Expected tokens per sequence-step at k is L(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k, so the controller picks
 argmax_k L(k) / T(b, k): k = 0 (no drafting, L = 1) wherever verifying costs more than the drafts bring in. k = 0
-is the safe choice, so drafting must beat it by `margin`. A decision holds for `dwell` steps of the same bucket.
+is the safe choice, so drafting must beat it by `margin`. vLLM 0.32 takes one k per step for the whole batch
+(SchedulerOutput.num_spec_tokens_to_schedule), so with adapters L(k) is the mean of the policies' own L(k) over the
+batch's sequences (`choose(batch, mix)`: the running requests by policy). A decision holds for `dwell` steps of the
+same bucket while the batch's set of policies stays the same.
 
 Measuring costs throughput, and this machine drifts (up to 3x in a day), so:
 - a bucket's cells are measured in the order k = 0, 1, 2, ...; a deeper k is measured only while the one before
@@ -59,6 +65,34 @@ from dataclasses import dataclass, field
 DRAFTER_OFF = "rollout_drafter_off"     # SchedulerOutput attribute: k = 0 with the drafter switched off (k0_fastpath)
 PAIR_STEPS = 8      # the steps either side of a switch of k that one paired ratio compares
 PAIRS = 6           # the paired ratios a cell keeps (their median is its T(k)/T(0))
+BASE_POLICY = ""    # the base policy's key in the per-policy acceptance (requests without a LoRA adapter)
+PRIOR = 8.0         # pseudo-observations of the pooled acceptance a policy's own estimate starts from
+MAX_POLICIES = 64   # policies whose acceptance is kept (the least recently observed one is forgotten)
+
+
+def policy_of(lora_name: str | None) -> str:
+    """A request's vLLM LoRA name -> its policy key: the adapter's name without the service's version suffix
+    (`name@vN`, pool/adapters.py), so its acceptance follows the adapter across versions as the base's follows
+    pushes of the base; BASE_POLICY for a request without an adapter."""
+    if not lora_name:
+        return BASE_POLICY
+    name, sep, version = lora_name.rpartition("@v")
+    return name if sep and version.isdigit() else lora_name
+
+
+def request_policy(request) -> str:
+    """A vLLM request (its .lora_request, None without an adapter) -> its policy key (None: the base's)."""
+    lora = getattr(request, "lora_request", None)
+    return policy_of(lora.lora_name if lora is not None else None)
+
+
+def policy_mix(requests) -> dict[str, int]:
+    """vLLM requests -> sequences by policy key."""
+    mix: dict[str, int] = {}
+    for r in requests:
+        key = request_policy(r)
+        mix[key] = mix.get(key, 0) + 1
+    return mix
 
 
 # The controller's settings for benchmarks and debugging, from the engine's environment (defaults: KController's):
@@ -108,6 +142,29 @@ class Cell:
 
 
 @dataclass
+class Acceptance:
+    """Per-position counts of one drafter's drafts (pooled, or one policy's): reached[i], sequence-steps that reached
+    draft position i (1-based, every earlier draft accepted), and accepted[i], those that accepted it."""
+    k_max: int
+    reached: list = field(default_factory=list)
+    accepted: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.reached = self.reached or [0.0] * (self.k_max + 1)
+        self.accepted = self.accepted or [0.0] * (self.k_max + 1)
+
+    def add(self, j: int, k: int, window: float) -> None:
+        """One sequence-step that drafted k and accepted j of them."""
+        for i in range(1, min(j + 1, k) + 1):          # positions 1..j accepted, j + 1 (if <= k) rejected
+            self.reached[i] += 1
+            if i <= j:
+                self.accepted[i] += 1
+        if self.reached[1] > window:                    # forget slowly: follow a moving policy
+            self.reached = [x / 2 for x in self.reached]
+            self.accepted = [x / 2 for x in self.accepted]
+
+
+@dataclass
 class Run:
     """A bucket's consecutive observed steps of one k: (clock, seconds, batch) of its first and of its last PAIR_STEPS
     steps (a run off for minutes keeps only its ends), and whether its first steps were paired yet."""
@@ -133,32 +190,37 @@ class KController:
         self._since_zero: dict[int, int] = {}            # bucket -> decisions since it last ran k = 0
         self.rng = random.Random(seed)
         self.cells: dict[tuple[int, int], Cell] = {}
-        self.reached = [0.0] * (k_max + 1)     # [i]: sequence-steps that reached draft position i (1-based)
-        self.accepted = [0.0] * (k_max + 1)    # [i]: ... and accepted it
+        self.pooled = Acceptance(k_max)        # every policy's sequence-steps together
+        self.by_policy: collections.OrderedDict[str, Acceptance] = collections.OrderedDict()   # the last observed last
         self.draft_version = 0
         self.bucket_steps: dict[int, list[int]] = {}     # bucket -> steps scheduled there, by the k they drafted
         self.decisions = 0
-        self._current: dict[int, tuple[int, int, bool]] = {}   # bucket -> (k, steps left, drafter off)
+        # bucket -> (k, steps left, drafter off, the batch's policies it was decided for)
+        self._current: dict[int, tuple[int, int, bool, frozenset | None]] = {}
         self.last_off = False                  # the last choose(): k = 0 with the drafter switched off
         self.off_steps = 0                     # steps scheduled with the drafter switched off
         self.force_off = False                 # every k = 0 decision switches the drafter off (a test's setting)
 
     # ---- what the scheduler calls ---------------------------------------------------------------------------
-    def choose(self, batch: int) -> int:
+    def choose(self, batch: int, mix: dict[str, int] | None = None) -> int:
+        """k for a step of `batch` sequences; mix: the batch's sequences by policy (None: as the pooled acceptance)."""
         b = bucket_of(batch)
-        k, left, off = self._current.get(b, (-1, 0, False))
-        if left <= 0:
-            k = self._decide(b)
-            left, off = self.dwell, k == 0 and (self.force_off or self.off(b))
-        self._current[b] = (k, left - 1, off)
+        policies = frozenset(mix) if mix else None
+        k, left, off, decided_for = self._current.get(b, (-1, 0, False, None))
+        if left <= 0 or decided_for != policies:
+            k = self._decide(b, mix)
+            left, off = self.dwell, k == 0 and (self.force_off or self.off(b, mix))
+        self._current[b] = (k, left - 1, off, policies)
         self.bucket_steps.setdefault(b, [0] * (self.k_max + 1))[k] += 1
         self.last_off = off
         self.off_steps += off
         return k
 
-    def observe(self, batch: int, k: int, seconds: float, accepted_counts: list[int] | None = None) -> None:
+    def observe(self, batch: int, k: int, seconds: float, accepted_counts: list[int] | None = None,
+                policies: list[str] | None = None) -> None:
         """A finished pure-decode step that verified k drafts per sequence and drafted k again: its time, and per
-        sequence the number of drafts accepted (None or [] when k = 0)."""
+        sequence the number of drafts accepted (None or [] when k = 0) and its policy (`policy_of`; None: all the
+        base policy's)."""
         cell = self.cells.setdefault((bucket_of(batch), k), Cell())
         tokens = 1 + sum(accepted_counts) / len(accepted_counts) if k and accepted_counts else 1.0
         stale = cell.n >= self.min_obs and self.clock - cell.at > self.stale_s
@@ -183,14 +245,18 @@ class KController:
         cell.at = self.clock
         self._follow_run(bucket_of(batch), k, seconds, batch)
         if k and accepted_counts:
-            for j in accepted_counts:
-                for i in range(1, min(j + 1, k) + 1):      # positions 1..j accepted, j + 1 (if <= k) rejected
-                    self.reached[i] += 1
-                    if i <= j:
-                        self.accepted[i] += 1
-            if self.reached[1] > self.window:                # forget slowly: follow a moving policy
-                self.reached = [x / 2 for x in self.reached]
-                self.accepted = [x / 2 for x in self.accepted]
+            for n, j in enumerate(accepted_counts):
+                self.pooled.add(j, k, self.window)
+                self._policy(policies[n] if policies else BASE_POLICY).add(j, k, self.window)
+
+    def _policy(self, key: str) -> Acceptance:
+        own = self.by_policy.get(key)
+        if own is None:
+            own = self.by_policy[key] = Acceptance(self.k_max)
+            while len(self.by_policy) > MAX_POLICIES:
+                self.by_policy.popitem(last=False)
+        self.by_policy.move_to_end(key)
+        return own
 
     def _follow_run(self, b: int, k: int, seconds: float, batch: int) -> None:
         runs = self._runs.setdefault(b, collections.deque(maxlen=2))
@@ -240,27 +306,41 @@ class KController:
     def drafter_changed(self, version: int) -> None:
         """A new drafter: its acceptance is unknown until measured (step times still hold)."""
         self.draft_version = version
-        self.reached = [0.0] * (self.k_max + 1)
-        self.accepted = [0.0] * (self.k_max + 1)
+        self.pooled = Acceptance(self.k_max)
+        self.by_policy.clear()
         self._current.clear()
 
     # ---- the model ------------------------------------------------------------------------------------------
     def acceptance_known(self) -> bool:
-        return self.reached[1] >= self.min_sequences
+        """Enough sequence-steps drafted, over all policies (a policy's own estimate starts from the pooled one)."""
+        return self.pooled.reached[1] >= self.min_sequences
 
-    def acceptance(self) -> list[float | None]:
+    def acceptance(self, policy: str | None = None) -> list[float | None]:
         """a_1..a_k_max, smoothed toward 1/2 by one pseudo-observation (a position nobody reached, behind one
-        that is rarely accepted, adds almost nothing either way); None until enough sequence-steps drafted."""
+        that is rarely accepted, adds almost nothing either way); None until enough sequence-steps drafted.
+        policy: that policy's own estimate, its counts added to PRIOR pseudo-observations of the pooled one."""
         if not self.acceptance_known():
             return [None] * self.k_max
-        return [(self.accepted[i] + 0.5) / (self.reached[i] + 1) for i in range(1, self.k_max + 1)]
+        pooled = [(self.pooled.accepted[i] + 0.5) / (self.pooled.reached[i] + 1) for i in range(1, self.k_max + 1)]
+        own = self.by_policy.get(policy) if policy is not None else None
+        if own is None:
+            return pooled
+        return [(own.accepted[i] + PRIOR * a) / (own.reached[i] + PRIOR) for i, a in enumerate(pooled, 1)]
 
-    def mean_length(self, k: int) -> float | None:
-        """L(k) = 1 + a_1 + a_1 a_2 + ...; None while the acceptance is unmeasured."""
+    def mean_length(self, k: int, mix: dict[str, int] | None = None) -> float | None:
+        """L(k) = 1 + a_1 + a_1 a_2 + ...; None while the acceptance is unmeasured. mix (sequences by policy): the
+        mean of each policy's own L(k) over the batch's sequences."""
         if k and not self.acceptance_known():
             return None
+        if mix:
+            total = sum(mix.values())
+            return sum(n * self._length(k, self.acceptance(p)) for p, n in mix.items()) / total
+        return self._length(k, self.acceptance())
+
+    @staticmethod
+    def _length(k: int, acceptance: list) -> float:
         total, prod = 1.0, 1.0
-        for a in self.acceptance()[:k]:
+        for a in acceptance[:k]:
             prod *= a
             total += prod
         return total
@@ -296,48 +376,50 @@ class KController:
         p = own.seconds - q * own.batch
         return seconds * (p + q * (1 << b)) / (p + q * batch)
 
-    def rate(self, b: int, k: int) -> float | None:
-        """Expected tokens per sequence per second at bucket b and k (None: not measured enough)."""
-        seconds, length = self.seconds(b, k), self.mean_length(k)
+    def rate(self, b: int, k: int, mix: dict[str, int] | None = None) -> float | None:
+        """Expected tokens per sequence per second at bucket b and k for a batch of `mix` (None: not measured
+        enough)."""
+        seconds, length = self.seconds(b, k), self.mean_length(k, mix)
         return None if seconds is None or length is None else length / seconds
 
-    def _decide(self, b: int) -> int:
+    def _decide(self, b: int, mix: dict[str, int] | None = None) -> int:
         self.decisions += 1
-        k = self._pick(b)
+        k = self._pick(b, mix)
         self._since_zero[b] = 0 if k == 0 else self._since_zero.get(b, 0) + 1
         return k
 
-    def _pick(self, b: int) -> int:
+    def _pick(self, b: int, mix: dict[str, int] | None = None) -> int:
         for k in range(self.k_max + 1):                  # measure k = 0, 1, ... while the last one nearly pays
             if self._measured(b, k) is None:
                 return k
-            ratio = self._ratio(b, k)
+            ratio = self._ratio(b, k, mix=mix)
             if k and (ratio is None or ratio < self.deepen):
                 break                                    # worse, or not comparable until acceptance is known
         if not self.acceptance_known():                  # draft with the cheapest k > 0 until acceptance is known
             return min(range(1, self.k_max + 1), key=lambda k: self.seconds(b, k) or float("inf"))
-        best = self.best(b)
+        best = self.best(b, mix)
         if best and self._since_zero.get(b, 0) >= self.refresh_every:
             return 0                                     # keep the reference fresh
         if self.decisions % self.explore_every == 0:
             k = self.rng.choice([k for k in (best - 1, best + 1) if 0 <= k <= self.k_max])
-            ratio = self._ratio(b, k, against=best)
+            ratio = self._ratio(b, k, against=best, mix=mix)
             # where nothing drafts, a re-try is pure cost until drafting pays: it must nearly pay to come often
             worse = self.deepen if best == 0 else self.give_up
             if ratio is None or ratio >= worse or self.decisions % (8 * self.explore_every) == 0:
                 return k
         return best
 
-    def off(self, b: int) -> bool:
-        """Drafting loses at bucket b: with the acceptance known and k = 0 and k = 1 measured, k = 0 is the best."""
-        return all(self._measured(b, k) for k in (0, 1)) and self.acceptance_known() and self.best(b) == 0
+    def off(self, b: int, mix: dict[str, int] | None = None) -> bool:
+        """Drafting loses at bucket b (for a batch of `mix`): with the acceptance known and k = 0 and k = 1 measured,
+        k = 0 is the best."""
+        return all(self._measured(b, k) for k in (0, 1)) and self.acceptance_known() and self.best(b, mix) == 0
 
-    def _ratio(self, b: int, k: int, against: int = 0) -> float | None:
-        r, ref = self.rate(b, k), self.rate(b, against)
+    def _ratio(self, b: int, k: int, against: int = 0, mix: dict[str, int] | None = None) -> float | None:
+        r, ref = self.rate(b, k, mix), self.rate(b, against, mix)
         return r / ref if r is not None and ref else None
 
-    def best(self, b: int) -> int:
-        rates = {k: self.rate(b, k) for k in range(self.k_max + 1)}
+    def best(self, b: int, mix: dict[str, int] | None = None) -> int:
+        rates = {k: self.rate(b, k, mix) for k in range(self.k_max + 1)}
         known = {k: r for k, r in rates.items() if r is not None}
         if not known:
             return 0
@@ -355,6 +437,7 @@ class KController:
     def snapshot(self) -> dict:
         """Plain data (it crosses a process boundary as msgpack): what GetStatus and /metrics show."""
         buckets = sorted({b for b, _ in self.cells} | set(self.bucket_steps))
+        adapters = list(self.by_policy) if set(self.by_policy) - {BASE_POLICY} else []
         rows = []
         for b in buckets:
             best = self.best(b)
@@ -371,7 +454,12 @@ class KController:
                 # L(k*) from the acceptance model, and the tokens per sequence-step the chosen cell really made
                 "expected_speedup": chosen * plain if measured and chosen else None,
                 "realized_speedup": cell.tokens / best_s * plain if measured else None,
+                # the k a batch of one policy alone would get (where more than the base drafted)
+                "chosen_k_by_policy": {p: self.best(b, {p: 1}) for p in adapters},
             })
         return {"k_max": self.k_max, "draft_version": self.draft_version, "steps_by_k": self.steps_by_k,
                 "off_steps": self.off_steps,
-                "acceptance": self.acceptance(), "buckets": rows}
+                "acceptance": self.acceptance(), "buckets": rows,
+                # per policy (the base: ""), its own estimate and the sequence-steps it is measured on
+                "policies": {p: {"acceptance": self.acceptance(p), "sequence_steps": a.reached[1]}
+                             for p, a in self.by_policy.items()}}

@@ -352,3 +352,112 @@ def test_drafting_is_compared_with_k_zero_next_to_it_in_time():
     assert max(drafting_share(2.0, loses, 0.05)) < 0.015          # the re-tries alone: one dwell in 40 decisions
     assert max(drafting_share(0.0, loses, 0.05)) > 0.05           # without pairs (the scenario is a real test)
     assert min(drafting_share(2.0, lambda k: 1 + 0.1 * k, 0.45)) > 0.88   # where drafting pays, it still drafts
+
+
+# ---- acceptance per policy (the base and each LoRA adapter) ---------------------------------------------------
+
+def drive_mix(ctl: KController, batch: list[tuple[str, float]], step_s, steps: int, seed: int = 0) -> list[int]:
+    """As drive(), for a batch of (policy, acceptance) sequences: the scheduler tells the controller the batch's
+    policies and reports each sequence's accepted drafts with its policy."""
+    from rollout_service.speculation.k_controller import policy_of
+
+    rng, chosen, last = random.Random(seed), [], None
+    mix: dict[str, int] = {}
+    for name, _ in batch:
+        mix[policy_of(name)] = mix.get(policy_of(name), 0) + 1
+    for _ in range(steps):
+        k = ctl.choose(len(batch), mix)
+        counts = []
+        for _, accept in batch:
+            j = 0
+            while j < k and rng.random() < accept:
+                j += 1
+            counts.append(j)
+        if k == last:
+            ctl.observe(len(batch), k, step_s(k), counts if k else None, [policy_of(n) for n, _ in batch])
+        chosen.append(k)
+        last = k
+    return chosen
+
+
+def test_an_adapter_gets_its_own_acceptance_and_k_follows_the_batchs_adapters():
+    """The drafter drafts for the base (accepts 0.9); adapter bob's policy rejects most drafts (0.1). Verifying
+    k drafts costs 1 + 0.3 k plain steps: the base alone should draft k = 3 (L/T 1.81 vs 1 at k = 0), bob alone
+    nothing (k = 1: 0.85). With one pooled estimate a batch of either would get the same k."""
+    ctl = KController(3)
+    cost = lambda k: 0.03 * (1 + 0.3 * k)       # noqa: E731
+    drive_mix(ctl, [("", 0.9)] * 4 + [("bob@v1", 0.1)] * 4, cost, 800, seed=1)    # mixed: cells and both estimates
+    base, bob = ctl.acceptance(""), ctl.acceptance("bob")
+    assert all(a > 0.8 for a in base) and bob[0] < 0.2, (base, bob)
+    assert 0.4 < ctl.acceptance()[0] < 0.6                                          # the pooled one: between
+    assert settled(drive_mix(ctl, [("", 0.9)] * 8, cost, 600, seed=2)) == 3
+    assert settled(drive_mix(ctl, [("bob@v2", 0.1)] * 8, cost, 600, seed=3)) == 0   # a new version: the same policy
+    assert ctl.best(bucket_of(8), {"": 8}) == 3 and ctl.best(bucket_of(8), {"bob": 8}) == 0
+    assert ctl.off(bucket_of(8), {"bob": 8}) and not ctl.off(bucket_of(8), {"": 8})
+    snap = ctl.snapshot()
+    assert set(snap["policies"]) == {"", "bob"} and snap["policies"]["bob"]["sequence_steps"] > 100
+    assert snap["buckets"][0]["chosen_k_by_policy"] == {"": 3, "bob": 0}
+
+
+def test_a_policys_estimate_starts_from_the_pooled_one_and_is_forgotten_with_the_drafter():
+    from rollout_service.speculation.k_controller import MAX_POLICIES, PRIOR
+
+    ctl = KController(2, min_sequences=4)
+    for _ in range(40):                                   # the base accepts both drafts, alice neither
+        ctl.observe(4, 2, 0.01, [2, 2, 0, 0], ["", "", "alice", "alice"])
+    assert ctl.acceptance("carol") == ctl.acceptance()    # never observed: the pooled estimate
+    pooled = ctl.acceptance()[0]
+    assert ctl.acceptance("alice")[0] == pytest.approx(PRIOR * pooled / (80 + PRIOR))
+    ctl.observe(1, 2, 0.01, [2], ["carol"])               # one sequence-step: moved a little from the pooled one
+    assert pooled < ctl.acceptance("carol")[0] < pooled + 0.1
+    assert ctl.mean_length(2, {"": 1, "alice": 1}) == pytest.approx(
+        (ctl.mean_length(2, {"": 5}) + ctl.mean_length(2, {"alice": 3})) / 2)
+    for i in range(MAX_POLICIES + 5):                     # adapters come and go: the oldest estimates are dropped
+        ctl.observe(1, 2, 0.01, [1], [f"a{i}"])
+    assert len(ctl.by_policy) == MAX_POLICIES and "" not in ctl.by_policy and f"a{MAX_POLICIES + 4}" in ctl.by_policy
+    ctl.drafter_changed(3)
+    assert ctl.by_policy == {} and ctl.acceptance("alice") == [None, None]
+
+
+def test_a_decision_is_remade_when_the_batchs_policies_change():
+    """A decision holds for `dwell` steps of a bucket only while the batch's set of policies stays the same."""
+    ctl = KController(3, dwell=50)
+    cost = lambda k: 0.03 * (1 + 0.3 * k)       # noqa: E731
+    drive_mix(ctl, [("", 0.9)] * 4 + [("bob", 0.1)] * 4, cost, 800, seed=1)
+    b = bucket_of(8)
+    decisions = ctl.decisions
+    ctl.choose(8, {"bob": 8})
+    assert ctl.decisions == decisions + 1
+    ctl.choose(8, {"bob": 8})
+    assert ctl.decisions == decisions + 1                 # same policies: the decision holds
+    ctl.choose(8, {"": 8})
+    assert ctl.decisions == decisions + 2 and ctl._current[b][0] == ctl.best(b, {"": 8})
+
+
+def test_policy_keys_of_vllm_requests():
+    from types import SimpleNamespace as NS
+
+    from rollout_service.speculation.k_controller import policy_mix, policy_of, request_policy
+
+    assert [policy_of(x) for x in (None, "", "alice@v3", "adapter1", "x@vbeta", "a@v1@v2")] == \
+        ["", "", "alice", "adapter1", "x@vbeta", "a@v1"]
+    reqs = [NS(lora_request=None), NS(lora_request=NS(lora_name="bob@v1")), NS(lora_request=NS(lora_name="bob@v2")),
+            NS()]
+    assert [request_policy(r) for r in reqs] == ["", "bob", "bob", ""]
+    assert policy_mix(reqs) == {"": 2, "bob": 2} and request_policy(None) == ""
+
+
+def test_metrics_show_each_policys_acceptance():
+    from prometheus_client import generate_latest
+
+    from rollout_service.pool.telemetry import Telemetry
+
+    ctl = KController(2, min_sequences=4)
+    for _ in range(20):
+        ctl.observe(2, 2, 0.01, [2, 0], ["", "alice"])
+    t = Telemetry()
+    t.k_control["engine-0"] = ctl.snapshot()
+    text = generate_latest(t.registry).decode()
+    got = {m[0]: float(m[1]) for m in re.findall(
+        r'rollout_spec_policy_acceptance\{engine="engine-0",policy="(\w*)",position="1"\} ([0-9.e-]+)', text)}
+    assert set(got) == {"", "alice"} and got[""] > 0.7 and got["alice"] < 0.3, text
