@@ -7,7 +7,7 @@ import grpc
 
 from rollout_client.connection import Auth, open_channel
 from rollout_client.types import PushResult, Sample, build_request
-from rollout_client.weights import peft_adapter, push_stream
+from rollout_client.weights import PACK_BYTES, peft_adapter, push_stream
 from rollout_client.wire import MODES, TARGETS
 from rollout_client.api import pb, pb_grpc
 
@@ -57,24 +57,25 @@ class RolloutClient:
         return self.stub.ScaleEngines(pb.ScaleRequest(engines=engines), timeout=timeout, metadata=self.auth.admin())
 
     def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
-                     chunk_bytes: int = 4 << 20, timeout: float | None = None,
+                     chunk_bytes: int = 4 << 20, pack_bytes: int = PACK_BYTES, timeout: float | None = None,
                      checksum: str = "trailer") -> PushResult:
         """Push policy weights (an nn.Module or a name->tensor dict), streamed in chunks.
 
         mode: what in-flight samples do at commit: "wait" (sync RL), "keep" (async RL), "abort".
         dtype: cast tensors while sending (e.g. torch.bfloat16 to match a bf16 checkpoint).
         checksum: "trailer" hashes while streaming (one pass over the tensors); "header" hashes first.
+        pack_bytes: tensors up to this size go several to a message (TensorBatch); 0 for servers older than it.
         """
         stream = push_stream(weights, version, target=TARGETS["policy"], mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes, checksum=checksum)
+                             chunk_bytes=chunk_bytes, checksum=checksum, pack_bytes=pack_bytes)
         return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False, dtype=None,
-                     chunk_bytes: int = 4 << 20, timeout: float | None = None,
+                     chunk_bytes: int = 4 << 20, pack_bytes: int = PACK_BYTES, timeout: float | None = None,
                      checksum: str = "trailer") -> PushResult:
         """Push drafter weights (versioned independently of the policy)."""
         stream = push_stream(weights, version, target=TARGETS["drafter"], mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes, checksum=checksum)
+                             chunk_bytes=chunk_bytes, checksum=checksum, pack_bytes=pack_bytes)
         return PushResult.from_proto(self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
@@ -85,14 +86,15 @@ class RolloutClient:
         return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))
 
     def push_adapter(self, name: str, adapter, version: int, *, config=None, dtype=None,
-                     chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+                     chunk_bytes: int = 4 << 20, pack_bytes: int = PACK_BYTES,
+                     timeout: float | None = None) -> PushResult:
         """Push a LoRA adapter as version `version` of policy `name` (Generate(policy=name) samples it). adapter: a
         PEFT model (its adapter's tensors and config are sent, never the base weights), or a name->tensor dict in
         PEFT's naming with `config` (PEFT's adapter_config as a dict or JSON text). Needs the admin token or a
         tenant token whose policies include `name`."""
         tensors, text = adapter_payload(adapter, config)
         stream = push_stream(tensors, version, target=TARGETS["adapter"], dtype=dtype, chunk_bytes=chunk_bytes,
-                             adapter=name, adapter_config=text)
+                             adapter=name, adapter_config=text, pack_bytes=pack_bytes)
         return PushResult.from_proto(self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def load_adapter(self, name: str, path: str, version: int, *, timeout: float | None = None) -> PushResult:
@@ -156,18 +158,18 @@ class AsyncRolloutClient:
                                             metadata=self.auth.admin())
 
     async def push_weights(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
-                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None,
-                           checksum: str = "trailer") -> PushResult:
+                           dtype=None, chunk_bytes: int = 4 << 20, pack_bytes: int = PACK_BYTES,
+                           timeout: float | None = None, checksum: str = "trailer") -> PushResult:
         stream = push_stream(weights, version, target=TARGETS["policy"], mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes, checksum=checksum)
+                             chunk_bytes=chunk_bytes, checksum=checksum, pack_bytes=pack_bytes)
         reply = await self.stub.PushWeights(stream, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
 
     async def update_draft(self, weights, version: int, *, mode: str = "wait", partial: bool = False,
-                           dtype=None, chunk_bytes: int = 4 << 20, timeout: float | None = None,
-                           checksum: str = "trailer") -> PushResult:
+                           dtype=None, chunk_bytes: int = 4 << 20, pack_bytes: int = PACK_BYTES,
+                           timeout: float | None = None, checksum: str = "trailer") -> PushResult:
         stream = push_stream(weights, version, target=TARGETS["drafter"], mode=mode, partial=partial, dtype=dtype,
-                             chunk_bytes=chunk_bytes, checksum=checksum)
+                             chunk_bytes=chunk_bytes, checksum=checksum, pack_bytes=pack_bytes)
         reply = await self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
 
@@ -179,10 +181,11 @@ class AsyncRolloutClient:
         return PushResult.from_proto(reply)
 
     async def push_adapter(self, name: str, adapter, version: int, *, config=None, dtype=None,
-                           chunk_bytes: int = 4 << 20, timeout: float | None = None) -> PushResult:
+                           chunk_bytes: int = 4 << 20, pack_bytes: int = PACK_BYTES,
+                     timeout: float | None = None) -> PushResult:
         tensors, text = adapter_payload(adapter, config)
         stream = push_stream(tensors, version, target=TARGETS["adapter"], dtype=dtype, chunk_bytes=chunk_bytes,
-                             adapter=name, adapter_config=text)
+                             adapter=name, adapter_config=text, pack_bytes=pack_bytes)
         return PushResult.from_proto(await self.stub.PushWeights(stream, timeout=timeout,
                                                                  metadata=self.auth.admin()))
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from rollout_service.api import pb
 from rollout_service.config import MODEL_FREE_METHODS
-from rollout_service.errors import invalid_field
-from rollout_service.weights.service import Header, PushOutcome
+from rollout_service.errors import invalid, invalid_field
+from rollout_service.weights.service import Chunk, Header, PushOutcome, Trailer
 from rollout_service.weights.transfer import Meta
 from rollout_service.engine.base import EngineState
 from rollout_service.engine.types import Routes
@@ -193,6 +193,30 @@ def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:
     if target != "adapter" and (h.adapter or h.adapter_config):
         raise invalid_field("header.adapter", "is for TARGET_ADAPTER pushes only", sep=" ", rpc=rpc)
     return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial, h.adapter, h.adapter_config)
+
+
+async def push_items(messages, rpc: str):
+    """The PushRequests after the header -> what WeightService.push takes: a Chunk per TensorChunk message, a list of
+    Chunks per TensorBatch (its entries in order, each checked by the push as a chunk of its own), then the Trailer
+    if one came (it must be the last message)."""
+    trailer = None
+    async for m in messages:
+        kind = m.WhichOneof("item")
+        if trailer is not None:
+            raise invalid(f"{rpc}: the trailer must be the last message of the stream")
+        if kind == "chunk":
+            c = m.chunk
+            yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+        elif kind == "batch":
+            if not m.batch.chunks:
+                raise invalid(f"{rpc}: a PushRequest.batch with no chunks; send at least one TensorChunk in it")
+            yield [Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data) for c in m.batch.chunks]
+        elif kind == "trailer":
+            trailer = Trailer(m.trailer.sha256)
+        else:
+            raise invalid(f"{rpc}: only the first message may carry a header")
+    if trailer is not None:
+        yield trailer
 
 
 def group_to_proto(g) -> pb.WeightTransferGroup:

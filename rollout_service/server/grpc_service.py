@@ -16,9 +16,10 @@ from rollout_service.pool.scaling import Scaler
 from rollout_service.server.auth import Credentials, caller_id, check_scope, tenant_of
 from rollout_service.server.service import TOKENIZER, RolloutService
 from rollout_service.server.convert import (delta_to_proto, group_to_proto, header_from_proto, metas_from_proto,
-                                            push_result_to_proto, sample_to_proto, status_to_proto, target_and_mode)
+                                            push_items, push_result_to_proto, sample_to_proto, status_to_proto,
+                                            target_and_mode)
 from rollout_service.validation import CheckedRequest, Limits
-from rollout_service.weights.service import Chunk, Trailer, WeightService
+from rollout_service.weights.service import WeightService
 from rollout_service.weights.transfer import WeightTransfer
 
 log = logging.getLogger(__name__)
@@ -168,23 +169,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                                        "base policy and the drafter need the admin token")
                 check_scope(tenant, None, header.adapter, "push", "header.adapter")
 
-            async def chunks():
-                trailer = None
-                async for m in stream:
-                    kind = m.WhichOneof("item")
-                    if trailer is not None:
-                        raise invalid(f"{rpc}: the trailer must be the last message of the stream")
-                    if kind == "chunk":
-                        c = m.chunk
-                        yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
-                    elif kind == "trailer":
-                        trailer = Trailer(m.trailer.sha256)
-                    else:
-                        raise invalid(f"{rpc}: only the first message may carry a header")
-                if trailer is not None:
-                    yield trailer
-
-            out = await self.weights.push(header, chunks(), tenant=tenant.name if tenant else "")
+            out = await self.weights.push(header, push_items(stream, rpc), tenant=tenant.name if tenant else "")
         except ServiceError as e:
             self.pool.telemetry.push_failed("stream")
             await context.abort(e.code, e.message)

@@ -126,7 +126,10 @@ class WeightService:
         check_size(spec.num_bytes, lora.max_adapter_mb, f"{rpc or 'push'}: adapter {name!r}")
         return spec
 
-    async def push(self, header: Header, chunks: AsyncIterator[Chunk], tenant: str = "") -> PushOutcome:
+    async def push(self, header: Header, chunks: AsyncIterator[Chunk | list[Chunk] | Trailer],
+                   tenant: str = "") -> PushOutcome:
+        """chunks: the stream after the header, a Chunk per TensorChunk message or a list of them per TensorBatch
+        (each checked as a chunk of its own, in order), then the Trailer if the header had no sha256."""
         t0 = time.perf_counter()
         spec = None
         if header.target == "adapter":
@@ -171,8 +174,12 @@ class WeightService:
                     _check_sha256(c.sha256, "trailer")
                     stager.sha256 = c.sha256
                     continue
-                batch.append(c)
-                batched += len(c.data)
+                if isinstance(c, list):          # a TensorBatch message's chunks, in order
+                    batch.extend(c)
+                    batched += sum(len(x.data) for x in c)
+                else:
+                    batch.append(c)
+                    batched += len(c.data)
                 if adding is None or adding.done() or batched >= BATCH_BYTES or len(batch) >= BATCH_CHUNKS:
                     await hand_over()
             await hand_over()

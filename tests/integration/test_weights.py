@@ -81,7 +81,7 @@ def _corrupt(policy, version, how):
     trailer = how.startswith("trailer")
     msgs = list(push_stream({"model.norm.weight": policy.model.norm.weight, "lm_head.weight": policy.lm_head.weight},
                             version, target=pb.TARGET_POLICY, partial=True,
-                            checksum="trailer" if trailer else "header"))
+                            checksum="trailer" if trailer else "header", pack_bytes=0))   # chunks[0].chunk: a tensor
     if how == "trailer_checksum":
         msgs[-1].trailer.sha256 = "0" * 64
     elif how == "trailer_missing":

@@ -29,7 +29,8 @@ def make_service(tmp_path):
 
 
 async def push(svc, weights, version, **kw):
-    msgs = list(push_stream(weights, version, target=pb.TARGET_POLICY, chunk_bytes=kw.pop("chunk_bytes", 7), **kw))
+    msgs = list(push_stream(weights, version, target=pb.TARGET_POLICY, chunk_bytes=kw.pop("chunk_bytes", 7),
+                             pack_bytes=0, **kw))     # one TensorChunk per message: read as m.chunk below
     h = msgs[0].header
     header = Header(h.version, "policy", h.total_bytes, h.sha256, "wait", h.partial)
 

@@ -87,7 +87,7 @@ async def make(ckpt, engines=2, state_dir="", **lora):
 async def push(weights, name, version, tensors=None, config=None, **kw):
     msgs = list(push_stream(tensors if tensors is not None else adapter(seed=version), version,
                             target=pb.TARGET_ADAPTER, chunk_bytes=64, adapter=name,
-                            adapter_config=json.dumps(config or CONFIG)))
+                            adapter_config=json.dumps(config or CONFIG), pack_bytes=0))     # a TensorChunk per message
     h = msgs[0].header
     header = Header(h.version, "adapter", h.total_bytes, h.sha256, "wait", h.partial, h.adapter, h.adapter_config)
 

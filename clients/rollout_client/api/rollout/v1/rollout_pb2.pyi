@@ -237,6 +237,12 @@ class TensorChunk(_message.Message):
     data: bytes
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class TensorBatch(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[TensorChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TensorChunk, _Mapping]]] = ...) -> None: ...
+
 class PushTrailer(_message.Message):
     __slots__ = ("sha256",)
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -244,14 +250,16 @@ class PushTrailer(_message.Message):
     def __init__(self, sha256: _Optional[str] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("header", "chunk", "trailer")
+    __slots__ = ("header", "chunk", "trailer", "batch")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     TRAILER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     header: PushHeader
     chunk: TensorChunk
     trailer: PushTrailer
-    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., trailer: _Optional[_Union[PushTrailer, _Mapping]] = ...) -> None: ...
+    batch: TensorBatch
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., trailer: _Optional[_Union[PushTrailer, _Mapping]] = ..., batch: _Optional[_Union[TensorBatch, _Mapping]] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
     __slots__ = ("version", "target", "path", "in_flight", "partial", "adapter")
