@@ -61,6 +61,7 @@ def _alive(pid: int) -> bool:
 
 
 SPARE_NAME = "spare.staging"
+ADAPTER_STAGING = "adapter-staging"     # adapter pushes stage apart: the full pushes' spare stays theirs
 _spare_lock = threading.Lock()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout_service.errors import invalid
@@ -28,6 +28,8 @@ class Manifest:
     ignored: frozenset[str]    # names a trainer's state_dict carries that the checkpoint does not (tied lm_head)
     serving_dtype: str         # the dtype the engine computes in (a push may also use this dtype)
     quantized: bool = False    # served quantized (engine.quantization): the engine converts any float push
+    # values derived from the above, computed once (staging.Stager's file layout); never part of a comparison
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     def allowed_dtypes(self, name: str) -> set[str]:
         own = {self.tensors[name].dtype, self.serving_dtype}

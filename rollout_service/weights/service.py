@@ -19,7 +19,7 @@ from rollout_service.weights.committer import WeightCommitter
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest
 from rollout_service.weights.paths import open_regular, resolve_roots, weight_files
 from rollout_service.weights.shield import run_to_end
-from rollout_service.scratch import scratch_root
+from rollout_service.scratch import ADAPTER_STAGING, scratch_root
 from rollout_service.weights.staging import Stager
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ FILE_IO = ThreadPoolExecutor(max_workers=4, thread_name_prefix="load-weights-io"
 # (or chunks) at a time; the next ones are received meanwhile.
 BATCH_BYTES = 1 << 20
 BATCH_CHUNKS = 256
+SPECS_KEPT = 16        # adapter configs kept parsed (with their tensors' manifest and staging layout)
 
 
 def _add_all(stager: Stager, chunks: list) -> None:
@@ -92,6 +93,7 @@ class WeightService:
         self.manifests = manifests
         self.roots = resolve_roots(weights_roots)     # LoadWeights reads only below these
         self.adapters = AdapterCommitter(committer.pool)
+        self._specs: dict[tuple, AdapterSpec] = {}     # accepted adapter configs, parsed (adapter_spec)
 
     @classmethod
     def create(cls, pool, serving_dtype: str, *, weights_roots: list[str],
@@ -122,7 +124,13 @@ class WeightService:
         registry = self.committer.pool.adapters
         registry.check_push(name, version, where)
         lora = registry.cfg
-        spec = parse_config(config, self.manifests["policy"], lora.max_rank, f"{where}adapter_config", rpc)
+        key = (config, lora.max_rank)
+        spec = self._specs.get(key)            # a trainer pushes the same config every step: parsed once
+        if spec is None:
+            spec = parse_config(config, self.manifests["policy"], lora.max_rank, f"{where}adapter_config", rpc)
+            self._specs[key] = spec
+            while len(self._specs) > SPECS_KEPT:
+                self._specs.pop(next(iter(self._specs)))
         check_size(spec.num_bytes, lora.max_adapter_mb, f"{rpc or 'push'}: adapter {name!r}")
         return spec
 
@@ -144,7 +152,7 @@ class WeightService:
         manifest = spec.manifest if spec is not None else self.manifests[header.target]
         # cancelled while the file is made, the thread goes on and its file is given up when it is done
         # an adapter stages apart: a full push's spare file (scratch.recycle) stays for the next full push
-        folder = scratch_root() if spec is None else scratch_root() / "adapter-staging"
+        folder = scratch_root() if spec is None else scratch_root() / ADAPTER_STAGING
         stager = await run_to_end(asyncio.to_thread(Stager, manifest, header.total_bytes,
                                                     header.sha256, header.partial, folder),
                                   "staging start",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -87,12 +88,7 @@ class Stager:
         self._cursor = 0
         self._validate_s = 0.0
         self._started = time.perf_counter()
-        cap = sum(int(np.prod(spec.shape, dtype=np.int64)) * max(ITEMSIZE.get(d, 8) for d in manifest.allowed_dtypes(n))
-                  for n, spec in manifest.tensors.items())       # 8: a checkpoint's int64 tensor (EAGLE-3 d2t)
-        widest = {n: {"dtype": "BF16", "shape": list(spec.shape), "data_offsets": [cap, cap]}
-                  for n, spec in manifest.tensors.items()}
-        self._header_room = len(_header_json(widest)) + 8
-        self._header_room += -self._header_room % 8
+        cap, self._header_room = _layout(manifest)
         self._data_start = 8 + self._header_room
         self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +136,7 @@ class Stager:
                           f"leave it out and set partial=true")
         ten = self._tensors.get(name)
         if ten is None:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[dtype]
+            nbytes = math.prod(shape) * ITEMSIZE[dtype]
             ten = self._tensors[name] = _Tensor(dtype, tuple(shape), self._cursor, nbytes)
             self._cursor += nbytes
         elif ten.dtype != dtype:
@@ -202,6 +198,21 @@ class Stager:
         except BufferError:        # a copy still holds the map: it is unmapped once that ends
             pass
         recycle(self.path, self.out_dir)
+
+
+def _layout(manifest: Manifest) -> tuple[int, int]:
+    """(data bytes, header room) of a staging file for `manifest`: every tensor at its widest accepted dtype, and room
+    for a header naming all of them. Computed once per manifest (an adapter push's config is parsed once too:
+    WeightService.adapter_spec), as it cost milliseconds per push for an adapter's ~400 tensors."""
+    layout = manifest.derived.get("staging")
+    if layout is None:
+        cap = sum(math.prod(spec.shape) * max(ITEMSIZE.get(d, 8) for d in manifest.allowed_dtypes(n))
+                  for n, spec in manifest.tensors.items())       # 8: a checkpoint's int64 tensor (EAGLE-3 d2t)
+        widest = {n: {"dtype": "BF16", "shape": list(spec.shape), "data_offsets": [cap, cap]}
+                  for n, spec in manifest.tensors.items()}
+        room = len(_header_json(widest)) + 8
+        layout = manifest.derived["staging"] = (cap, room + -room % 8)
+    return layout
 
 
 def _header_json(entries: dict) -> bytes:

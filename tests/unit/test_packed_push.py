@@ -281,3 +281,31 @@ async def test_a_packed_push_cut_mid_stream_leaves_the_previous_version(s, cut):
     now = s.served()
     assert now[:2] == before[:2] and now[3] == before[3]
     assert (await s.push(adapter_stream("a", 2))).version == 2
+
+
+# ---- fixed costs ----------------------------------------------------------------------------------------------
+@run
+async def test_an_unloaded_versions_file_is_the_next_adapter_pushs_staging_file(s, monkeypatch):
+    """An adapter push stages into the weights file of a version unloaded earlier (its pages allocated), not a fresh
+    file; the versions served are what was pushed."""
+    from rollout_service.weights import service as weight_service
+
+    stagers = []
+
+    class Spy(weight_service.Stager):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            stagers.append(self)
+    monkeypatch.setattr(weight_service, "Stager", Spy)
+    pushed = {v: adapter(seed=v) for v in (1, 2, 3, 4)}
+    for v in (1, 2, 3):                           # versions_kept 2: the third push unloads version 1
+        await s.push(adapter_stream("a", v, pushed[v]))
+    assert sorted(s.pool.adapters.adapters["a"].versions) == [2, 3]
+    spare = scratch_root() / "adapter-staging" / SPARE_NAME
+    assert spare.is_file() and spare.stat().st_blocks > 0
+    await s.push(adapter_stream("a", 4, pushed[4]))
+    assert stagers[-1].recycled_bytes > 0         # version 1's file, its pages allocated
+    from safetensors.torch import load_file
+    for v in (3, 4):
+        served = load_file(str(s.pool.adapters.adapters["a"].versions[v].path / "adapter_model.safetensors"))
+        assert served.keys() == pushed[v].keys() and all(torch.equal(served[k], pushed[v][k]) for k in served)
