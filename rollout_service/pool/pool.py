@@ -433,7 +433,9 @@ class _Slot:
 
 def _drop_adapter_files(folder: Path) -> None:
     """Delete an unloaded adapter version's PEFT directory, its weights file kept as the next adapter push's staging
-    file (scratch.recycle; no engine reads it any more: vLLM copied the tensors at add_lora). Its pages stay
-    allocated: a rank-8 adapter written into fresh pages took ~10 ms of page faults more. Blocking: in a thread."""
+    file (scratch.recycle), whose pages stay allocated: a rank-8 adapter written into fresh pages took ~10 ms of page
+    faults more. Only once every engine removed the version: vLLM's add_lora may keep the tensors safetensors maps from
+    the file (not copies), so the file of a version an engine holds is never written. An engine whose removal failed
+    may still map it, but nothing is served from that version again. Blocking: in a thread."""
     recycle(folder / WEIGHTS_FILE, scratch_root() / ADAPTER_STAGING)
     shutil.rmtree(folder, ignore_errors=True)
