@@ -120,15 +120,17 @@ async def test_packed_unpacked_and_mixed_adapter_streams_commit_the_same_file(s)
     # pieces of the bigger tensors (64 bytes each) and whole small ones, three to a batch, across tensor boundaries
     mixed = regroup(adapter_stream("c", 1, tensors, pack_bytes=0, chunk_bytes=64), 3)
     mixed[0].header.adapter = "c"
+    hashed_first = adapter_stream("d", 1, tensors, checksum="header")        # the sha256 in the header
+    assert kinds(hashed_first) == ["header", "batch"] and hashed_first[0].header.sha256
     assert kinds(unpacked) == ["header"] + ["chunk"] * (len(unpacked) - 2) + ["trailer"] and len(unpacked) > 8
     assert kinds(packed) == ["header", "batch", "trailer"] and len(packed[1].batch.chunks) == 6
     assert kinds(mixed)[1:-1] == ["batch"] * (len(mixed) - 2)
-    results = [await s.push(m) for m in (unpacked, packed, mixed)]
+    results = [await s.push(m) for m in (unpacked, packed, mixed, hashed_first)]
     assert {(r.num_tensors, r.num_bytes, r.version) for r in results} == {(6, sum(t.numel() * 4 for t in
                                                                                tensors.values()), 1)}
-    files = [s.adapter_file(n) for n in "abc"]
-    assert files[0] == files[1] == files[2]
-    assert all(len(e.adapters) == 3 for e in s.pool.engines)
+    files = [s.adapter_file(n) for n in "abcd"]
+    assert files[0] == files[1] == files[2] == files[3]
+    assert all(len(e.adapters) == 4 for e in s.pool.engines)
 
 
 @run
