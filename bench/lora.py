@@ -10,6 +10,8 @@
 - pause: generation streaming (stream_tokens) while an adapter is pushed: the longest gap between token deltas
   during each push against the median gap (an adapter push pauses nothing: vLLM adds the LoRA between steps).
 
+`--push-only` runs the push comparison alone (A B A B) and keeps the throughput and pause results already in --out.
+
 The service: the default model (or --model), float32, one engine, LoRA on (--max-adapters 10, rank --rank, 8 per
 batch), no speculation. Results: bench/results/lora.json.
 """
@@ -101,6 +103,31 @@ def pause_during_push(client, prompt, push, pushes: int = 3) -> dict:
             "max_gap_outside_s": round(max(outside), 4) if outside else None}
 
 
+def push_summary(pushes: list[dict]) -> dict:
+    ratio = statistics.median(p["full_s"] / p["adapter_s"] for p in pushes)
+    return {"adapter_push_ms": round(statistics.median(p["adapter_s"] for p in pushes) * 1e3, 1),
+            "full_push_ms": round(statistics.median(p["full_s"] for p in pushes) * 1e3, 1),
+            "push_speedup": round(ratio, 1), "push_goal_20x": ratio >= 20}
+
+
+def _keep_other_results(out: dict, path: Path) -> None:
+    """--push-only: this run's pushes (and their summary) replace those in `path`; its throughput and pause results,
+    from the run that measured them (their date and settings kept beside them), stay."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    summary = old.get("summary", {}) | push_summary(out["push"])
+    kept = {k: old[k] for k in ("throughput", "pause") if k in old}
+    if kept:
+        kept["throughput_run"] = old.get("throughput_run") or {k: old.get(k) for k in (
+            "date", "rounds", "sequences", "max_tokens", "load_avg_start")} | {
+            "load_avg_end": summary.get("load_avg_end")}
+    summary.pop("load_avg_end", None)             # the throughput run's: in throughput_run
+    out["load_avg_end"] = os.getloadavg()[0]
+    out["push_only"] = True
+    result = out | kept | {"summary": summary}
+    print(json.dumps(push_summary(out["push"]), indent=1))
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="")
@@ -110,7 +137,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--out", default="bench/results/lora.json")
     ap.add_argument("--pause-only", action="store_true", help="only the pause an adapter push causes")
+    ap.add_argument("--push-only", action="store_true",
+                    help="only the adapter push against the full push (A B A B); keeps --out's other results")
     args = ap.parse_args()
+    if args.pause_only and args.push_only:
+        ap.error("--pause-only and --push-only exclude each other")
 
     from rollout_client import RolloutClient
     from rollout_client.launcher import ServiceProcess
@@ -118,8 +149,9 @@ def main() -> None:
     from rollout_service.cli import resolve_model
 
     model_dir = resolve_model(args.model)
-    print(f"building 8 random rank-{args.rank} adapters on {model_dir} ...", flush=True)
-    adapters = [adapter_state(model_dir, args.rank, seed) for seed in range(2 if args.pause_only else 8)]
+    count = 2 if args.pause_only else 1 if args.push_only else 8
+    print(f"building {count} random rank-{args.rank} adapter(s) on {model_dir} ...", flush=True)
+    adapters = [adapter_state(model_dir, args.rank, seed) for seed in range(count)]
     prompts = [[1, 504, 3458, 314, 260, 9 + i] for i in range(8)]
     rank_flag = str(max(8, 1 << (args.rank - 1).bit_length()))
     extra = ["--max-adapters", "10", "--max-lora-rank", rank_flag, "--max-loras-per-batch", "8",
@@ -139,7 +171,8 @@ def main() -> None:
             av, pv = 1, c.status().policy_version
             configs = {"base": [""] * 8, "one adapter": ["p0"] * 8, "4 adapters": [f"p{i % 4}" for i in range(8)],
                        "8 adapters": [f"p{i}" for i in range(8)]}
-            timed_batch(c, prompts, ["p0"] * 8, args.sequences, 4)                  # warm-up
+            if not args.push_only:
+                timed_batch(c, prompts, ["p0"] * 8, args.sequences, 4)              # warm-up
             for r in range(0 if args.pause_only else args.rounds):
                 # A B A B: the adapter push, then the merged full push of the same policy (p9's line)
                 tensors, config, _ = adapters[r % len(adapters)]        # the merged policy: adapter 0's
@@ -152,9 +185,13 @@ def main() -> None:
                 full = c.push_weights(merged, pv)
                 full_s = time.perf_counter() - t0
                 out["push"].append({"round": r, "adapter_s": adapter_s, "adapter_server_s": res.total_s,
-                                    "full_s": full_s, "full_server_s": full.total_s, "full_pause_s": full.pause_s})
+                                    "adapter_receive_s": res.receive_s, "adapter_validate_s": res.validate_s,
+                                    "adapter_apply_s": res.apply_s, "full_s": full_s, "full_server_s": full.total_s,
+                                    "full_pause_s": full.pause_s})
                 print(f"round {r}: adapter push {adapter_s * 1e3:.1f} ms, full push {full_s * 1e3:.0f} ms "
                       f"({full_s / adapter_s:.0f}x)", flush=True)
+                if args.push_only:
+                    continue
                 row = {"round": r}
                 names = list(configs)
                 for name in names[r % 4:] + names[:r % 4]:      # the order rotates: load drifts within a round
@@ -163,6 +200,9 @@ def main() -> None:
                 out["throughput"].append(row)
                 print("  tok/s " + ", ".join(f"{k} {v:.0f}" for k, v in row.items() if k != "round"), flush=True)
                 Path(args.out).write_text(json.dumps(out, indent=1) + "\n")      # each round kept as it ends
+            if args.push_only:
+                _keep_other_results(out, Path(args.out))
+                return
             bump = iter(range(av + 1, av + 100))
             out["pause"] = pause_during_push(
                 c, prompts[0], lambda: c.push_adapter("p9", adapters[1][0], next(bump), config=adapters[1][1]))
@@ -171,11 +211,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         return
     med = lambda key: statistics.median(r[key] for r in out["throughput"])          # noqa: E731
-    ratio = statistics.median(p["full_s"] / p["adapter_s"] for p in out["push"])
     out["summary"] = {
-        "adapter_push_ms": round(statistics.median(p["adapter_s"] for p in out["push"]) * 1e3, 1),
-        "full_push_ms": round(statistics.median(p["full_s"] for p in out["push"]) * 1e3, 1),
-        "push_speedup": round(ratio, 1), "push_goal_20x": ratio >= 20,
+        **push_summary(out["push"]),
         "tok_s": {k: round(med(k), 1) for k in configs},
         "mixed4_vs_one": round(statistics.median(r["4 adapters"] / r["one adapter"] for r in out["throughput"]), 3),
         "mixed8_vs_one": round(statistics.median(r["8 adapters"] / r["one adapter"] for r in out["throughput"]), 3),
