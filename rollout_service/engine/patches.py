@@ -143,6 +143,13 @@ PATCHES: tuple[Patch, ...] = (
           "k_control = auto",
           "k_control = auto unavailable: use fixed k or k_by_batch_size",
           ("0.32.0",), ("cpu", "cuda"), ("v1", "v2"), None, process="scheduler"),
+    Patch("cpu_lora_rows_without_adapter", "engine/cpu_lora.py",
+          "vLLM's CPU LoRA ops (lora/ops/torch_ops) select a row's adapter as weights[index] and a row without one has "
+          "index -1: the last LoRA slot, so base-policy requests batched with adapter requests run on that slot's "
+          "adapter whenever it holds one. Not reported upstream yet (docs/upstream.md)",
+          "base-policy requests batched with LoRA adapter requests on CPU",
+          "on CPU a base-policy request batched with adapter requests may sample an adapter's policy",
+          ("0.32.0",), ("cpu",), ("v1", "v2"), _module_install("engine.cpu_lora")),
     Patch("cpu_moe_reload_prepack", "engine/cpu_moe_reload.py",
           "after a weight update vLLM's CPU MoE kernel reads its experts unpacked: UnquantizedFusedMoEMethod."
           "_setup_kernel skips the experts' prepack (cpu_prepack_moe_weight) on updates (every reload moved a tiny "
