@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from rollout_service.engine.base import EngineState
+from rollout_service.engine.types import SeqRequest, SeqResult, TokenDelta
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.server.auth import Credentials
@@ -73,8 +74,8 @@ def make(tmp_path):
     save_file({"a.weight": torch.ones(4, 3)}, str(tmp_path / "new.safetensors"))
     save_file({"a.weight": torch.ones(3, 4)}, str(tmp_path / "bad.safetensors"))
 
-    async def build(creds=None, max_queue=10, engines=1, transfer=False):
-        kind = TransferEngine if transfer else FakeEngine
+    async def build(creds=None, max_queue=10, engines=1, transfer=False, kind=None):
+        kind = kind or (TransferEngine if transfer else FakeEngine)
         pool = EnginePool([kind(f"e{i}", vocab_size=100) for i in range(engines)], max_queue=max_queue,
                           checkpoints={"policy": ckpt})
         await pool.start()
@@ -167,6 +168,76 @@ def test_stream_sends_a_chunk_per_step_then_the_rest_usage_and_done(make):
             assert len([t for p in parts for t in p["token_ids"]]) == 5
             assert "".join(p["text"] for p in parts).split() == [f"w{t}" for p in parts for t in p["token_ids"]]
         assert json.loads(events[-2])["usage"]["completion_tokens"] == 15
+    asyncio.run(main())
+
+
+class HeldEngine(FakeEngine):
+    """Streams each sample's first token, then holds every sample until `release` is set (the rest of its tokens
+    and its end come after)."""
+
+    release: asyncio.Event
+
+    async def generate(self, req: SeqRequest, on_delta=None) -> SeqResult:
+        tokens = list(range(10, 10 + req.max_tokens))
+        self.active.add(req.seq_id)
+        try:
+            on_delta(TokenDelta(start=0, token_ids=tokens[:1], logprobs=[-1.0], version_spans=[(0, 0)]))
+            await self.release.wait()
+        finally:
+            self.active.discard(req.seq_id)
+        return SeqResult(token_ids=tokens, logprobs=[-1.0] * len(tokens), finish_reason="length", policy_version=0,
+                         version_spans=[(0, 0)])
+
+
+def test_stream_sends_each_samples_first_token_while_every_sample_runs(make):
+    """Time to first token: a streamed request with n samples sends each sample's first token as it comes, before
+    any sample finishes (never held back for the other samples, the whole request or a buffer). The engine holds
+    every sample after its first token until the client has read all n of them: a dialect that waited would never
+    send them (the wait below would time out)."""
+    async def main():
+        HeldEngine.release = asyncio.Event()
+        pool, _, c = await make(kind=HeldEngine)
+        engine = pool.engines[0]
+        app = c._transport.app
+        body = json.dumps({"prompt": [3, 4], "n": 4, "max_tokens": 5, "stream": True, "logprobs": 0,
+                           "return_token_ids": True}).encode()
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": [(b"host", b"t"), (b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 1), "server": ("t", 80)}
+        requested, never = False, asyncio.Event()
+        firsts: dict[int, dict] = {}
+        running_at_firsts: list[int] = []
+        sent: list[bytes] = []
+
+        async def receive():
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never.wait()                     # the client stays connected
+
+        async def send(message):
+            if message["type"] != "http.response.body":
+                return
+            sent.append(message.get("body", b""))
+            for line in message.get("body", b"").decode().splitlines():
+                if line.startswith("data: {"):
+                    for ch in json.loads(line[6:])["choices"]:
+                        if ch["token_ids"] and ch["index"] not in firsts:
+                            firsts[ch["index"]] = ch
+                            if len(firsts) == 4:
+                                running_at_firsts.append(len(engine.active))
+                                HeldEngine.release.set()
+
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        assert running_at_firsts == [4]            # all four first tokens out while all four samples ran
+        assert sorted(firsts) == [0, 1, 2, 3]
+        assert all(ch["finish_reason"] is None and len(ch["token_ids"]) == 1 for ch in firsts.values())
+        text = b"".join(sent).decode()
+        assert text.endswith("data: [DONE]\n\n")
+        ends = [json.loads(e[6:])["choices"][0] for e in text.split("\n\n") if e.startswith("data: {")]
+        assert sorted(len(ch["token_ids"]) for ch in ends if ch["finish_reason"]) == [4] * 4   # the rest after
     asyncio.run(main())
 
 
