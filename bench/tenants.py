@@ -15,7 +15,8 @@ median latency during the flood over alone (goal: at most 2x with the gate). Res
 (--smoke: a temporary file unless --out).
 
 Measured 2026-11-28 (--rounds 2, default model, 16 slots, machine load 4-5): small's p50 1.62x and 1.90x with the
-gate (it starts at once; decoding in a batch of 16 costs the rest), 8.2x and 11.0x without (docs/lora.md, Tenants).
+gate (it starts at once; decoding in a batch of 16 costs the rest), 8.2x and 11.0x without (docs/lora.md, Tenants);
+--arms fair --previous-tree (the gate before its reserve): 7.6x and 6.6x against 1.59x and 1.74x with it.
 """
 from __future__ import annotations
 
