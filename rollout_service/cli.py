@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -126,6 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a drafter in the served drafter's format (an adapted head, a drafter copy), committed on the "
                         "speculative engine as UpdateDraft does once a third of its samples finished, the rest in "
                         "flight: the check covers a drafter updated mid-run")
+    lora = v.add_mutually_exclusive_group()
+    lora.add_argument("--adapter", metavar="DIR",
+                      help="a LoRA adapter (PEFT directory) every request runs on, on both engines (the drafter drafts "
+                           "for the base); log-probs against the base with it merged. The speculative engine also "
+                           "samples every prompt without it in the same batches: the check must reject those (its "
+                           "power; exit 1 if not)")
+    lora.add_argument("--lora-rank", type=int, metavar="R",
+                      help="as --adapter, with a random PEFT adapter of rank R on every linear layer of the decoder, "
+                           "built for this run")
+    v.add_argument("--lora-scale", type=float, default=1.0, metavar="S",
+                   help="--lora-rank: each layer's update has S times its weight's Frobenius norm (default: 1.0; a "
+                        "tiny random model needs more for its adapter to move the distribution)")
     return ap
 
 
@@ -205,6 +218,11 @@ def cmd_verify_lossless(args) -> int:
         print(f"rollout-service: --update-draft {args.update_draft}: no such drafter (a directory with "
               "model.safetensors, or the file)", file=sys.stderr)
         return 2
+    if args.adapter or args.lora_rank is not None:
+        problem = lora_problem(args)
+        if problem:
+            print(f"rollout-service: {problem}", file=sys.stderr)
+            return 2
     if args.power_temperature is not None and not args.power_temperature > 0:
         print(f"rollout-service: --power-temperature {args.power_temperature}: must be > 0", file=sys.stderr)
         return 2
@@ -221,17 +239,48 @@ def cmd_verify_lossless(args) -> int:
         print(f"rollout-service: --prompt-ids: {e}", file=sys.stderr)
         return 2
     base = msgspec.structs.replace(DEFAULT_BASE, quantization=cfg.engine.quantization)
-    report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha,
-                            update_draft=args.update_draft, base=base, power_temperature=args.power_temperature,
-                            logprob_samples=args.logprob_samples or (6 if cfg.engine.quantization == "int8" else 24))
+    with tempfile.TemporaryDirectory(prefix="verify-lossless-adapter-") as scratch:
+        adapter = args.adapter or ""
+        if args.lora_rank is not None:
+            from rollout_service.drafting.lossless import random_adapter
+
+            adapter = random_adapter(model, args.lora_rank, scratch, relative=args.lora_scale)
+        report = check_lossless(model, spec, prompts, samples=args.samples, max_tokens=args.max_tokens,
+                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha,
+                                update_draft=args.update_draft, base=base, power_temperature=args.power_temperature,
+                                adapter=adapter,
+                                logprob_samples=args.logprob_samples or (6 if cfg.engine.quantization == "int8"
+                                                                         else 24))
     print(report.render())
     if report.engine_failed:
         return 2
     if report.power is not None and report.power.passed_distribution:
         print(f"POWER NOT SHOWN: the samples at temperature {args.power_temperature} were not rejected")
         return 1
+    if adapter and report.power_adapter.passed_distribution:
+        print("POWER NOT SHOWN: the samples without the adapter were not rejected")
+        return 1
     return 0 if report.passed else 1
+
+
+def lora_problem(args) -> str | None:
+    """What is wrong with verify-lossless's --adapter / --lora-rank (None: nothing)."""
+    from rollout_service.config import LORA_RANKS
+    from rollout_service.drafting.lossless import lora_rank_for
+
+    if args.quantization != "none":
+        return f"--quantization {args.quantization}: not with a LoRA adapter (--adapter, --lora-rank)"
+    if args.lora_rank is not None:
+        if not 1 <= args.lora_rank <= LORA_RANKS[-1]:
+            return f"--lora-rank {args.lora_rank}: must be 1 to {LORA_RANKS[-1]} (vLLM's largest LoRA rank)"
+        if not args.lora_scale > 0:
+            return f"--lora-scale {args.lora_scale}: must be > 0"
+        return None
+    try:
+        lora_rank_for(args.adapter)
+    except ValueError as e:
+        return f"--adapter {e}"
+    return None
 
 
 def parse_prompt_ids(text: str, vocab_size: int) -> list[int]:

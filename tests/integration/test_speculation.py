@@ -133,6 +133,30 @@ def test_k_by_batch_size_is_lossless_by_the_verify_lossless_command(tiny_model, 
     assert r.returncode == 2 and "[1, 8, 4]" in r.stderr and "num_speculative_tokens=3" in r.stderr, r.stderr[-2000:]
 
 
+def test_lora_speculation_is_lossless_by_the_verify_lossless_command(tiny_model):
+    """Requests on a LoRA adapter under n-gram speculation (k 3 every step): `verify-lossless --lora-rank 8` builds a
+    random adapter, both engines sample on it (the drafter drafts for the base; the target's verify pass applies the
+    adapter), log-probs against the base with it merged. Its power: the speculative engine also samples every prompt
+    on the base in the same batches; those samples must be rejected, and their log-probs be the base's."""
+    import subprocess
+    import sys
+
+    ids = [",".join(map(str, p)) for p in ngram_prompts(tiny_model, NGRAM_PROMPTS)]
+    r = subprocess.run([sys.executable, "-m", "rollout_service.cli", "verify-lossless", "--model", str(tiny_model),
+                        "--method", "ngram", "-k", "3", "--prompt-lookup-min", "1", "--prompt-lookup-max", "3",
+                        "--k-control", "fixed", "--lora-rank", "8", "--lora-scale", "4", "--prompt-ids", *ids,
+                        "--samples", "300", "--max-tokens", "3", "--top-k", "0", "--logprob-samples", "8"],
+                       check=False, capture_output=True, text=True, timeout=600)
+    out = r.stdout
+    assert r.returncode == 0 and "RESULT: LOSSLESS" in out and "LoRA adapter" in out, out + r.stderr[-3000:]
+    power = re.search(r"without the adapter .* -> rejected \(it must be rejected\); their log-probs ([0-9.e+-]+) "
+                      r"nats from the base's forward pass", out)
+    # base requests batched with adapter requests sample the base (engine/cpu_lora.py: vLLM's CPU LoRA ops gave
+    # them the adapter in the last LoRA slot)
+    assert power and float(power[1]) < 2e-3, out
+    assert "proposed nothing" not in out, "the prompts must make the n-gram drafter propose"
+
+
 def test_k_by_batch_size_drafts_by_batch(tiny_model, drafter):
     """One sequence drafts k = 3 per step; twelve at once fall in the k = 0 range and draft (almost) nothing."""
     import asyncio
