@@ -7,8 +7,10 @@ fixed k, drafters told how many to draft, k = 0 drafting nothing). A k = 0 step 
 switched the drafter off carries `rollout_drafter_off` on its SchedulerOutput (a plain dataclass: the attribute
 reaches the workers in-process and through the multiprocess executor's pickling), and the worker skips the
 drafter's pass (speculation/k0_fastpath.py). Step times and acceptance are read in
-`update_from_output`. Named by `scheduler_cls`, the class is built in the EngineCore process, on top of whichever
-scheduler vLLM chose (the asynchronous one where async scheduling is on).
+`update_from_output`, the acceptance by each request's policy (the base, or its LoRA adapter); the lookup tells the
+controller the running requests by policy, so k follows the batch's mix of adapters (one k per step: vLLM's).
+Named by `scheduler_cls`, the class is built in the EngineCore process, on top of whichever scheduler vLLM chose
+(the asynchronous one where async scheduling is on).
 
 The front end reaches the controller through an EngineCore utility, `rollout_spec_control(command, arg)`:
 "snapshot" returns KController.snapshot(); "drafter" n tells it the drafter changed to version n; "steps" returns
@@ -24,20 +26,27 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 
-from rollout_service.speculation.k_controller import DRAFTER_OFF, KController, knobs_from_environment
+from rollout_service.speculation.k_controller import (
+    DRAFTER_OFF,
+    KController,
+    knobs_from_environment,
+    policy_mix,
+    request_policy,
+)
 
 
 TRACE_STEPS = 4096        # the recent steps kept for `rollout_spec_control("steps")` (a benchmark's, a debugger's)
 
 
 class _Lookup:
-    """Stands in for vLLM's dense batch size -> k list."""
+    """Stands in for vLLM's dense batch size -> k list. vLLM looks k up once the step's requests are scheduled (the
+    ones admitted this step already appended to `running`): the running requests are the batch's mix of policies."""
 
-    def __init__(self, controller: KController):
-        self.controller = controller
+    def __init__(self, controller: KController, scheduler):
+        self.controller, self.scheduler = controller, scheduler
 
     def __getitem__(self, batch: int) -> int:
-        return self.controller.choose(batch)
+        return self.controller.choose(batch, policy_mix(self.scheduler.running))
 
 
 class _KControlled:
@@ -49,7 +58,7 @@ class _KControlled:
         # every k = 0 step with the drafter off, as if drafting lost everywhere: the losslessness check of drafts
         # made after skipped passes (tests/integration/test_speculation.py)
         self.k_controller.force_off = os.environ.get("ROLLOUT_K_CONTROL_FORCE_OFF") == "1"
-        self.dynamic_sd_lookup = _Lookup(self.k_controller)
+        self.dynamic_sd_lookup = _Lookup(self.k_controller, self)
         self._k_steps: dict[int, tuple] = {}      # id(scheduler output) -> (scheduled at, batch, k, steady)
         self._k_last = -1
         self._k_last_done = 0.0
@@ -81,12 +90,13 @@ class _KControlled:
                 self._k_trace.append((now, batch, k, bool(getattr(scheduler_output, DRAFTER_OFF, False)), seconds,
                                       steady))
             if steady:
-                accepted = None
+                accepted = policies = None
                 if k:
                     index, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
-                    accepted = [max(0, len(sampled[index[r]]) - 1)
-                                for r in scheduler_output.num_scheduled_tokens if r in index]
-                self.k_controller.observe(batch, k, seconds, accepted)
+                    done = [r for r in scheduler_output.num_scheduled_tokens if r in index]
+                    accepted = [max(0, len(sampled[index[r]]) - 1) for r in done]
+                    policies = [request_policy(self.requests.get(r)) for r in done]
+                self.k_controller.observe(batch, k, seconds, accepted, policies)
         self._k_last_done = now
         return super().update_from_output(scheduler_output, model_runner_output)
 
