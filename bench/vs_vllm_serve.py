@@ -9,7 +9,8 @@ samples of max_tokens tokens each, ignore_eos, temperature 1.0, log-prob of ever
 asks): `vllm_serve` (vLLM's server, started with the engine arguments the service gives its engine), `dialect` (the
 service's vLLM-dialect HTTP on the same engine settings) and `grpc` (the service's Generate, same samples). Each round
 sends, per concurrency level C, C concurrent requests (one prompt each) to every arm in turn, streaming and not; the
-arm order rotates every round so the machine's drift hits every arm alike. Throughput is generated tokens over the
+arm order rotates every round so the machine's drift hits every arm alike, and each batch starts SETTLE_S after the one
+before (vLLM's processes busy-poll for a second after their last work). Throughput is generated tokens over the
 batch's wall time; time to first token is per streamed request (first chunk that carries a token); ratios against
 `vllm_serve` are taken per round and their median reported. Results to --out and a table on stdout.
 `--speculation ngram` turns speculation on in the service only (k chosen per step); `vllm serve` stays plain, as a
@@ -34,6 +35,11 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 ARMS = ("vllm_serve", "dialect", "grpc")
+# Idle seconds before every batch. vLLM's engine core and worker keep polling their shared-memory queues (a
+# sched_yield loop, SpinCondition.busy_loop_s = 1 s) for a second after their last message, so the server that ran the
+# batch before holds this machine's 2 cores for that second: an arm started at once after the other server's batch
+# ran its first second beside it (its first token 0.3-1.0 s late; whichever arm followed the other server lost).
+SETTLE_S = 1.5
 
 
 def free_port() -> int:
@@ -240,6 +246,7 @@ def main() -> int:
                         order = ARMS[r % 3:] + ARMS[:r % 3]
                         got = {}
                         for arm in order:
+                            time.sleep(SETTLE_S)                 # the batch before, on either server, has gone idle
                             got[arm] = run_batch(arm, targets, picked, args.n, args.max_tokens, stream)
                             bar.set_postfix(arm=arm, c=conc, stream=stream, tok_s=round(got[arm]["tok_s"], 1))
                             bar.update()
