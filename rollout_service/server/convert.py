@@ -199,18 +199,20 @@ async def push_items(messages, rpc: str):
     """The PushRequests after the header -> what WeightService.push takes: a Chunk per TensorChunk message, a list of
     Chunks per TensorBatch (its entries in order, each checked by the push as a chunk of its own), then the Trailer
     if one came (it must be the last message)."""
+    def chunk(c: pb.TensorChunk) -> Chunk:
+        return Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+
     trailer = None
     async for m in messages:
         kind = m.WhichOneof("item")
         if trailer is not None:
             raise invalid(f"{rpc}: the trailer must be the last message of the stream")
         if kind == "chunk":
-            c = m.chunk
-            yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+            yield chunk(m.chunk)
         elif kind == "batch":
             if not m.batch.chunks:
                 raise invalid(f"{rpc}: a PushRequest.batch with no chunks; send at least one TensorChunk in it")
-            yield [Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data) for c in m.batch.chunks]
+            yield [chunk(c) for c in m.batch.chunks]
         elif kind == "trailer":
             trailer = Trailer(m.trailer.sha256)
         else:
