@@ -8,8 +8,9 @@ hostile entries (a FIFO, a socket and a directory named *.safetensors, symlinks 
 root, garbage and empty files, a copy of the served checkpoint), then sends --calls calls spread over every
 RPC (Generate, GetStatus, PushWeights, UpdateDraft, LoadWeights, ScaleEngines, InitWeightTransfer,
 TransferWeights, CloseWeightTransfer, grpc.health.v1 Check), each one of: random bytes, a valid message with
-flipped bits, random field values, for LoadWeights hostile paths (devices, FIFOs, /proc files, directories,
-symlinks out of the roots, very long and NUL-containing paths), and for InitWeightTransfer hostile rendezvous
+flipped bits, random field values (PushWeights: tensors alone and packed in TensorBatch messages), for
+LoadWeights hostile paths (devices, FIFOs, /proc files, directories, symlinks out of the roots,
+very long and NUL-containing paths), and for InitWeightTransfer hostile rendezvous
 addresses (schemes, ports, paths, addresses the engines may not reach, ports where the service's own HTTP
 server listens, NaN and huge timeouts) and set-ups nobody completes (each must end at its timeout). It fails
 (exit 1) on any UNKNOWN or INTERNAL answer, a call without a message, a set-up that outlasts its timeout, the
@@ -74,9 +75,11 @@ def flip_bits(rng, data: bytes) -> bytes:
 
 
 # ---- hostile paths ------------------------------------------------------------------------------------
-def make_hostile_root(root: Path, checkpoint: Path) -> tuple[list[str], str]:
+def make_hostile_root(root: Path, checkpoint: Path, committable: bool = True) -> tuple[list[str], str | None]:
     """Fill `root` (a --weights-root) with hostile entries. Returns (paths worth sending, in and out of it;
-    a valid checkpoint copy inside it, which a LoadWeights may commit: same values as `checkpoint`)."""
+    a valid checkpoint copy inside it, which a LoadWeights may commit: same values as `checkpoint`).
+    committable=False leaves root/model empty (returned as None): one of the paths, root/../<root>/model, resolves
+    there, and a fuzzed LoadWeights with a good version would commit it (a service whose weights must not change)."""
     root.mkdir(parents=True, exist_ok=True)
     outside = Path(tempfile.mkdtemp(prefix="fuzz-outside-"))
     shutil.copy(checkpoint / "model.safetensors", outside / "model.safetensors")
@@ -95,7 +98,8 @@ def make_hostile_root(root: Path, checkpoint: Path) -> tuple[list[str], str]:
     (root / "empty.safetensors").write_bytes(b"")
     (root / "garbage.safetensors").write_bytes(b"\xff" * 8 + b"{not json")
     (root / "huge-header.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}")
-    shutil.copy(checkpoint / "model.safetensors", root / "model" / "model.safetensors")   # valid, same values
+    if committable:
+        shutil.copy(checkpoint / "model.safetensors", root / "model" / "model.safetensors")   # valid, same values
     inside = [str(root / p) for p in ("fifo", "fifo/x.safetensors", "dirs", "dirs/y.safetensors", "sock",
                                       "sock/z.safetensors", "links/zero.safetensors", "links/escape.safetensors",
                                       "links/outdir", "links/loop", "empty.safetensors", "garbage.safetensors",
@@ -104,7 +108,7 @@ def make_hostile_root(root: Path, checkpoint: Path) -> tuple[list[str], str]:
               "/proc/kmsg", "/sys/kernel", "/etc/shadow", "/etc/passwd", "/", "/nonexistent", "../../etc/passwd",
               "~", "relative.safetensors", "/" + "a/" * 3000, "/" + "b" * 300, str(root) + "/\0x",
               "/tmp/a\0b.safetensors", str(root) + "/../" + root.name + "/model", str(outside)]
-    return inside + system, str(root / "model")
+    return inside + system, str(root / "model") if committable else None
 
 
 # ---- messages -----------------------------------------------------------------------------------------
@@ -171,12 +175,18 @@ def random_push(rng) -> list[pb.PushRequest]:
             version=weird_int(rng, 62), target=rng.choice([0, 1, 2, 7]), total_bytes=abs(weird_int(rng, 40)),
             sha256=rng.choice(["", "00" * 32, random_text(rng)]), in_flight=rng.choice([0, 1, 2, 3, 9]),
             partial=rng.random() < 0.5)))
-    for _ in range(rng.randint(0, 4)):
-        msgs.append(pb.PushRequest(chunk=pb.TensorChunk(
+    def chunk() -> pb.TensorChunk:
+        return pb.TensorChunk(
             name=rng.choice(["model.norm.weight", "lm_head.weight", random_text(rng)]),
             dtype=rng.choice(["float32", "bfloat16", "int8", "", random_text(rng)]),
             shape=[weird_int(rng) for _ in range(rng.randint(0, 3))], offset=abs(weird_int(rng, 40)),
-            data=random_bytes(rng))))
+            data=random_bytes(rng))
+
+    for _ in range(rng.randint(0, 4)):               # a chunk alone, or a TensorBatch of 0-3 (0: refused)
+        if rng.random() < 0.7:
+            msgs.append(pb.PushRequest(chunk=chunk()))
+        else:
+            msgs.append(pb.PushRequest(batch=pb.TensorBatch(chunks=[chunk() for _ in range(rng.randint(0, 3))])))
     if rng.random() < 0.3:
         msgs.append(pb.PushRequest(trailer=pb.PushTrailer(sha256=rng.choice(["00" * 32, random_text(rng)]))))
     rng.shuffle(msgs)

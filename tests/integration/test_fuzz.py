@@ -9,8 +9,9 @@ CALLS = 500          # 50 per RPC; bench/fuzz.py runs 10,000 on demand
 
 
 def test_fuzzed_calls_end_with_a_proper_status(client, service, tiny_model, tmp_path_factory):
-    paths, _ = make_hostile_root(tmp_path_factory.mktemp("fuzz-root"), tiny_model)   # no commits: other tests
-    # changed the shared service's weights, and loading the checkpoint would change what it serves
+    # no commits: other tests changed the shared service's weights, and loading the checkpoint would change what
+    # it serves (with one in the root, a fuzzed LoadWeights of root/../<root>/model committed it: 2026-11-28)
+    paths, _ = make_hostile_root(tmp_path_factory.mktemp("fuzz-root"), tiny_model, committable=False)
     before = client.status()
     result = run_fuzz(client, service.http_get, paths, calls=CALLS, seed=0, timeout=60,
                       busy_ports=[service.http_port])
