@@ -1,7 +1,8 @@
 """Summarise GRPO runs side by side (bench/grpo_runs.sh calls it): mean step time per phase over steps
 1..N-1 of each run (step 0 carries warm-up), ratios against the first run, acceptance per drafter version,
 held-out accuracy first -> last, and for runs that evaluated on the same problems before and after, an exact
-McNemar test of the change (paired: each held-out problem solved before / after).
+McNemar test of the change (paired: each held-out problem solved before / after). Runs on quantized rollouts get a
+second table: the rollout correction, reward, and the served-vs-trainer mismatch the correction acts on.
 
     python -m bench.grpo_table runs/a runs/b ... --steps 4
 """
@@ -65,7 +66,29 @@ def main(argv=None) -> int:
               + (f"{acc[0]:.2f} -> {acc[-1]:.2f}" if acc else "-") + " | "
               + (f"{ks[0]:.2f} -> {ks[-1]:.2f}" if ks else "-") + " | "
               + accuracy_change(rows) + " |")
+    quantized = {n: rows for n, (rows, _) in table.items() if rows and rows[0].get("quantization", "none") != "none"}
+    if quantized:
+        print("\n" + correction_table(quantized))
     return 0
+
+
+def correction_table(runs: dict[str, list[dict]]) -> str:
+    """Per run on quantized rollouts: the correction, reward (first step -> last, mean over steps), the mean over
+    steps of |log p_trainer - log p_served| per token, its KL (k3), the importance weight and the fraction of tokens
+    whose weight pi_old / pi_rollout is past the cap (truncated by tis, dropped by mis; with none only measured)."""
+    def mean(rows, k):
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        return sum(vals) / len(vals) if vals else float("nan")
+    lines = ["| run | served | correction | reward (first -> last step) | mean reward | mean \\|dlog p\\| | KL k3 "
+             "| IS weight | past the cap | held-out accuracy (before -> end) |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, rows in runs.items():
+        lines.append(f"| {name} | {rows[0]['quantization']} | {rows[0].get('rollout_correction', '-')} "
+                     f"| {rows[0]['reward_mean']:.3f} -> {rows[-1]['reward_mean']:.3f} "
+                     f"| {mean(rows, 'reward_mean'):.3f} | {mean(rows, 'rollout_logp_mismatch'):.3f} "
+                     f"| {mean(rows, 'rollout_kl_k3'):.3f} | {mean(rows, 'is_weight_mean'):.3f} "
+                     f"| {mean(rows, 'is_truncated_fraction'):.1%} | {accuracy_change(rows)} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -150,3 +150,16 @@ def test_mcnemar_pairs_the_same_problems():
     rows = [{"eval_before": 0.5, "eval_before_correct": "0011", "step": 0},
             {"eval_accuracy": 1.0, "eval_correct": "1111", "step": 1}]
     assert accuracy_change(rows) == "0.500 -> 1.000 (+2 / -0 problems, McNemar p = 0.5, n = 4)"
+
+
+def test_correction_table_summarises_quantized_runs():
+    from bench.grpo_table import correction_table
+
+    rows = [{"quantization": "int8", "rollout_correction": "tis", "reward_mean": 0.1, "rollout_logp_mismatch": 0.2,
+             "rollout_kl_k3": 0.1, "is_weight_mean": 0.9, "is_truncated_fraction": 0.1, "eval_before": 0.25, "step": 0},
+            {"quantization": "int8", "rollout_correction": "tis", "reward_mean": 0.3, "rollout_logp_mismatch": 0.4,
+             "rollout_kl_k3": 0.3, "is_weight_mean": 0.7, "is_truncated_fraction": 0.3, "eval_accuracy": 0.5,
+             "step": 1}]
+    row = correction_table({"int8-tis": rows}).splitlines()[-1]
+    assert row == ("| int8-tis | int8 | tis | 0.100 -> 0.300 | 0.200 | 0.300 | 0.200 | 0.800 | 20.0% "
+                   "| 0.250 -> 0.500 |")
