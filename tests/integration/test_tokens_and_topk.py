@@ -175,6 +175,10 @@ def test_openai_streams_token_by_token_with_top_k(service, hf_model):
                 assert [c.finish_reason for c in got] == [None] * (len(got) - 1) + ["length"]
                 assert "".join(c.text for c in got) == w.text
                 assert [t for c in got for t in c.token_ids] == w.token_ids
+                # as vLLM: text_offset counts on across a choice's chunks, prompt_token_ids only in its first
+                assert [o for c in got for o in c.logprobs.text_offset] == w.logprobs.text_offset
+                assert got[0].prompt_token_ids == w.prompt_token_ids and all(c.prompt_token_ids is None
+                                                                             for c in got[1:])
                 tops = [d for c in got for d in c.logprobs.top_logprobs]
                 assert len(tops) == 24 and all(len(d) in (5, 6) for d in tops)     # the 5 best and the sampled one
                 for a, b in zip(tops, w.logprobs.top_logprobs):

@@ -106,7 +106,7 @@ def test_completions_token_ids_n_logprobs(make):
         assert ch["rollout"]["policy_version"] == 0 and ch["weight_versions"] == [{"version": "0", "start": 0,
                                                                                    "end": 4}]
         assert r.headers["x-rollout-policy-versions"] == "0"
-        assert body["usage"]["completion_tokens"] == 24 and body["usage"]["prompt_tokens"] == 9
+        assert body["usage"]["completion_tokens"] == 24 and body["usage"]["prompt_tokens"] == 3   # once, as vLLM
         assert pool.depth == 0
         # the defaults of vLLM: max_tokens 16, no logprobs
         d = (await c.post("/v1/completions", json={"model": "m", "prompt": "a bb"})).json()["choices"][0]
@@ -170,6 +170,41 @@ def test_stream_sends_a_chunk_per_step_then_the_rest_usage_and_done(make):
         assert json.loads(events[-2])["usage"]["completion_tokens"] == 15
     asyncio.run(main())
 
+
+
+def test_stream_chunks_count_text_offset_on_and_send_prompt_ids_once_as_vllm(make):
+    """vLLM 0.32's completion_stream_generator (entrypoints/openai/completion/serving.py): a choice's
+    logprobs.text_offset counts on across its chunks (next_text_offsets), prompt_token_ids comes in its first chunk
+    only (null after), and usage counts each prompt once, not once per sample."""
+    async def main():
+        _, _, c = await make()
+        prompts = [[3, 4], [5, 6, 7]]
+        r = await c.post("/v1/completions", json={"prompt": prompts, "n": 2, "max_tokens": 5, "stream": True,
+                                                  "logprobs": 0, "return_token_ids": True,
+                                                  "stream_options": {"include_usage": True}})
+        assert r.status_code == 200, r.text
+        events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+        by_choice: dict[int, list[dict]] = {}
+        for e in events[:-2]:
+            ch = json.loads(e)["choices"][0]
+            by_choice.setdefault(ch["index"], []).append(ch)
+        assert sorted(by_choice) == [0, 1, 2, 3]
+        for i, parts in by_choice.items():
+            assert sum(bool(p["token_ids"]) for p in parts) >= 2            # several chunks carry tokens
+            assert parts[0]["prompt_token_ids"] == prompts[i // 2]
+            assert all("prompt_token_ids" in p and p["prompt_token_ids"] is None for p in parts[1:])
+            tokens = [t for p in parts for t in p["logprobs"]["tokens"]]
+            assert tokens == [f"w{t}" for p in parts for t in p["token_ids"]] and len(tokens) == 5
+            offsets = [o for p in parts for o in p["logprobs"]["text_offset"]]
+            assert offsets == [sum(map(len, tokens[:k])) for k in range(5)]     # as one unstreamed answer's
+        usage = json.loads(events[-2])["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (5, 20, 25)
+        # n samples of a prompt the (fake) prefix cache holds: the prompt's hit once, never more than its tokens
+        await c.post("/v1/completions", json={"prompt": [8, 9, 10], "max_tokens": 1})
+        body = (await c.post("/v1/completions", json={"prompt": [8, 9, 10], "n": 3, "max_tokens": 2})).json()
+        assert body["usage"]["prompt_tokens"] == 3
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    asyncio.run(main())
 
 class HeldEngine(FakeEngine):
     """Streams each sample's first token, then holds every sample until `release` is set (the rest of its tokens

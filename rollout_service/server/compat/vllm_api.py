@@ -249,9 +249,14 @@ class Writer:
         return c
 
     def usage(self, items) -> dict:
-        prompt = sum(len(ids) for ids in self.checked.prompt_token_ids) * self.opts.n
+        # as vLLM: each prompt counted once, not once per sample (serving.py's num_prompt_tokens per prompt)
+        prompt = sum(len(ids) for ids in self.checked.prompt_token_ids)
         completion = sum(len(i.result.token_ids) for i in items)
-        cached = sum(i.result.num_cached_tokens for i in items)          # vLLM's prefix-cache hits (sessions)
+        hits: dict[int, int] = {}              # vLLM's prefix-cache hits (sessions): per prompt, its samples' least
+        for i in items:
+            n = i.result.num_cached_tokens
+            hits[i.prompt_index] = min(hits.get(i.prompt_index, n), n)
+        cached = sum(hits.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -303,7 +308,17 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
     def text_of(key) -> StreamText:
         return texts.setdefault(key, StreamText(gw.decode))
 
-    def chunk(choices: list[dict], first: bool) -> str:
+    offsets: dict[tuple[int, int], int] = {}         # a choice's next logprobs.text_offset
+
+    def chunk(choices: list[dict], first: bool, key) -> str:
+        if opts.kind == "completion":   # as vLLM 0.32's completion_stream_generator (openai/completion/serving.py)
+            for c in choices:
+                lp = c["logprobs"]
+                if lp is not None and lp["tokens"]:   # text_offset counts on from the choice's earlier chunks
+                    lp["text_offset"] = [offsets.get(key, 0) + at for at in lp["text_offset"]]
+                    offsets[key] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                if not first and "prompt_token_ids" in c:
+                    c["prompt_token_ids"] = None       # only in the choice's first chunk
         if opts.kind == "chat":
             for c in choices:
                 c["delta"] = c.pop("message")
@@ -328,7 +343,7 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
                         sent[key] = d.start + len(d.token_ids)
                         choices = await w.choices([IndexedResult(*key, part)], [piece])
                         choices[0].pop("weight_versions")
-                        yield chunk(choices, first)
+                        yield chunk(choices, first, key)
                         continue
                     items.append(item)
                     r, st = item.result, text_of(key)
@@ -338,8 +353,9 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
                     piece = ""
                     if opts.text:                    # the whole text, as a whole answer gives it
                         piece = st.finish(await gw.in_tokenizer_thread(gw.decode, r.token_ids))
-                    yield chunk(await w.choices([IndexedResult(*key, rest)], [piece]), first)
+                    yield chunk(await w.choices([IndexedResult(*key, rest)], [piece]), first, key)
                     texts.pop(key, None)
+                    offsets.pop(key, None)
             except ServiceError as e:
                 err = from_service_error(e, spelling)
                 error = {"message": err.message, "param": err.param, "code": err.status}
