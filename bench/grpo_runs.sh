@@ -42,9 +42,10 @@
 #                                             eagle3-head) for `bench/speculation.py --model ... --eagle3-head ...`
 #   bash bench/grpo_runs.sh int8 [STEPS] [LR]  int8 rollouts (serve --quantization int8, no speculation) trained in
 #                                             float32, with and without the rollout correction: ARMS="none tis" (the
-#                                             order; --rollout-correction each), same seed, default 5 steps at lr
-#                                             1e-5, 4 x 8 samples, held-out accuracy on the same 64 problems before
-#                                             and after; then the table and plots into OUT=bench/results/grpo-int8
+#                                             order; --rollout-correction each), same SEED (default 0), default 10
+#                                             steps at lr 1e-5, 4 x 8 samples, held-out accuracy on the same 64
+#                                             problems before and after (~13 min per run); runs/int8-<arm>$TAG; then
+#                                             the table and plots into OUT=bench/results/grpo-int8
 #   bash bench/grpo_runs.sh report [STEPS] [RUN...]
 #                                             plots and the side-by-side table into bench/results/grpo/ (the
 #                                             runs named, default the `compare` runs; the first is the baseline;
@@ -122,11 +123,13 @@ case "$what" in
     "$py" -m bench.eagle3_adapt "runs/eagle3-frozen$tag" "runs/eagle3-online$tag" \
         --out "${OUT:-bench/results/grpo-eagle3-adapt}" --last "$(( steps > 10 ? 10 : steps ))" ;;
   int8)
-    steps=${2:-5} lr=${3:-1e-5}
+    steps=${2:-10} lr=${3:-1e-5} tag=${TAG:-}
     q=(--steps "$steps" --lr "$lr" --prompts 4 --eval-size 64 --eval-every 1000 --mode sync --seed "${SEED:-0}"
        --quantization int8 --speculation none)
     names=()
-    for arm in ${ARMS:-none tis}; do run "int8-$arm" "${q[@]}" --rollout-correction "$arm"; names+=("int8-$arm"); done
+    for arm in ${ARMS:-none tis}; do
+      run "int8-$arm$tag" "${q[@]}" --rollout-correction "$arm"; names+=("int8-$arm$tag")
+    done
     OUT=${OUT:-bench/results/grpo-int8} bash bench/grpo_runs.sh report "$steps" "${names[@]}" ;;
   report)
     out=${OUT:-bench/results/grpo}
@@ -139,5 +142,5 @@ case "$what" in
     "$py" -m trainer_example.plot "${dirs[@]/%//metrics.jsonl}" --out "$out"
     for d in "${dirs[@]}"; do cp "$d/metrics.jsonl" "$out/$(basename "$d").metrics.jsonl"; done
     "$py" -m bench.grpo_table "${dirs[@]}" --steps "${2:-3}" | tee "$out/table.md" ;;
-  *) sed -n 2,51p "$0"; exit 2 ;;
+  *) sed -n 2,52p "$0"; exit 2 ;;
 esac
