@@ -2,6 +2,7 @@
 dialect's fields, the shared queue, weight loads through the commit, pause, auth. Real engines and the real
 `openai` client: tests/integration/test_http_dialects.py."""
 import asyncio
+import functools
 import json
 
 import httpx
@@ -177,7 +178,9 @@ def test_stream_chunks_count_text_offset_on_and_send_prompt_ids_once_as_vllm(mak
     logprobs.text_offset counts on across its chunks (next_text_offsets), prompt_token_ids comes in its first chunk
     only (null after), and usage counts each prompt once, not once per sample."""
     async def main():
-        _, _, c = await make()
+        # 50 ms a token: each token its own chunk even on a loaded machine (at 1 ms, a stalled writer sent a
+        # choice's 5 tokens in one chunk, and the offsets across chunks went unchecked: the full suite, 2026-11-28)
+        _, _, c = await make(kind=functools.partial(FakeEngine, step_s=0.05))
         prompts = [[3, 4], [5, 6, 7]]
         r = await c.post("/v1/completions", json={"prompt": prompts, "n": 2, "max_tokens": 5, "stream": True,
                                                   "logprobs": 0, "return_token_ids": True,
