@@ -2,7 +2,8 @@
 interleaved run (not a test).
 
     .venv/bin/python bench/vs_vllm_serve.py [--model DIR] [--concurrency 1,8,64] [--n 4] [--max-tokens 128]
-        [--rounds 2] [--speculation none|ngram] [--out bench/results/vs_vllm_serve.json]
+        [--rounds 2] [--speculation none|ngram|eagle3|draft_model] [--draft-model DIR]
+        [--out bench/results/vs_vllm_serve.json]
 
 Three arms on one OpenAI-completions load (prompts from rollout_tasks' arithmetic task, chat-formatted token ids; n
 samples of max_tokens tokens each, ignore_eos, temperature 1.0, log-prob of every token and its id, as an RL trainer
@@ -11,10 +12,16 @@ service's vLLM-dialect HTTP on the same engine settings) and `grpc` (the service
 sends, per concurrency level C, C concurrent requests (one prompt each) to every arm in turn, streaming and not; the
 arm order rotates every round so the machine's drift hits every arm alike, and each batch starts SETTLE_S after the one
 before (vLLM's processes busy-poll for a second after their last work). Throughput is generated tokens over the
-batch's wall time; time to first token is per streamed request (first chunk that carries a token); ratios against
-`vllm_serve` are taken per round and their median reported. Results to --out and a table on stdout.
-`--speculation ngram` turns speculation on in the service only (k chosen per step); `vllm serve` stays plain, as a
-user would run it (vLLM's CPU speculation needs the service's fixes, docs/upstream.md).
+batch's wall time; time to first token is per streamed request (its first chunk that carries a token) and per sample
+(each of its n samples' first token); ratios against `vllm_serve` are taken per round and their median reported. A
+request's first token races its n samples' arrival at the engine (vLLM adds them one by one): a step that starts after
+the first one arrived prefills it alone (~0.25 s for the default model's ~90-token prompts here), and the rest in the
+next step; one that starts later prefills all n together (~0.8 s). CPU's 128-token KV blocks are longer than the
+prompts, so no sample reuses another's prefill. The per-sample figure does not depend on that race. Results to
+--out and a table on stdout.
+`--speculation METHOD` turns speculation on in the service only (k chosen per step; eagle3 and draft_model with the
+default model's prepared drafter unless --draft-model); `vllm serve` stays plain, as a user would run it (vLLM's CPU
+speculation needs the service's fixes, docs/upstream.md).
 """
 from __future__ import annotations
 
@@ -111,12 +118,13 @@ async def http_request(client, url: str, prompt: list[int], n: int, max_tokens: 
     body = {"model": "policy", "prompt": prompt, "n": n, "max_tokens": max_tokens, "temperature": 1.0,
             "ignore_eos": True, "logprobs": 0, "return_token_ids": True, "stream": stream}
     t0 = time.perf_counter()
-    first, tokens = None, 0
+    tokens = 0
     if not stream:
         r = await client.post(url + "/v1/completions", json=body)
         r.raise_for_status()
         tokens = sum(len(c["token_ids"]) for c in r.json()["choices"])
         return {"tokens": tokens, "ttft": None, "latency": time.perf_counter() - t0}
+    firsts: dict[int, float] = {}                              # sample index -> its first token
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -124,14 +132,16 @@ async def http_request(client, url: str, prompt: list[int], n: int, max_tokens: 
                 continue
             for c in json.loads(line[6:]).get("choices", []):
                 got = len(c.get("token_ids") or [])
-                if got and first is None:
-                    first = time.perf_counter() - t0
+                if got:
+                    firsts.setdefault(c["index"], time.perf_counter() - t0)
                 tokens += got
-    return {"tokens": tokens, "ttft": first, "latency": time.perf_counter() - t0}
+    return {"tokens": tokens, "ttft": min(firsts.values(), default=None), "firsts": sorted(firsts.values()),
+            "latency": time.perf_counter() - t0}
 
 
 @contextlib.contextmanager
-def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_gb: float, speculation: str = "none"):
+def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_gb: float, speculation: str = "none",
+                 drafter: str | None = None):
     """`vllm serve` and the service on the same model and engine settings (logs in a fresh temporary folder), started
     one after the other and stopped at the end; yields (vllm, service, targets: arm -> its HTTP base or gRPC client)."""
     from rollout_client import RolloutClient
@@ -142,7 +152,7 @@ def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_g
     ours = ["--dtype", dtype, "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs),
             "--kv-cache-gb", str(kv_cache_gb)]
     if speculation != "none":
-        ours += ["--speculation", speculation]
+        ours += ["--speculation", speculation] + (["--draft-model", drafter] if drafter else [])
     vllm = VllmServe(model, flags, env, logs / "vllm_serve.log")
     svc = ServiceProcess(model, extra_args=ours, log_path=logs / "service.log")
     try:
@@ -157,17 +167,19 @@ def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_g
 
 def grpc_request(client, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
     t0 = time.perf_counter()
-    first, tokens = None, 0
+    firsts: dict[int, float] = {}                              # sample index -> its first token
+    tokens = 0
     for s in client.generate([prompt], n=n, max_tokens=max_tokens, temperature=1.0, ignore_eos=True,
                              stream_tokens=stream):
         if s.delta:
-            if first is None and len(s.token_ids):
-                first = time.perf_counter() - t0
+            if len(s.token_ids):
+                firsts.setdefault(s.sample_index, time.perf_counter() - t0)
             continue
         tokens += len(s.token_ids)
-        if first is None and stream:
-            first = time.perf_counter() - t0
-    return {"tokens": tokens, "ttft": first, "latency": time.perf_counter() - t0}
+        if stream:
+            firsts.setdefault(s.sample_index, time.perf_counter() - t0)
+    return {"tokens": tokens, "ttft": min(firsts.values(), default=None), "firsts": sorted(firsts.values()),
+            "latency": time.perf_counter() - t0}
 
 
 def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tokens: int, stream: bool) -> dict:
@@ -198,6 +210,7 @@ def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tok
         raise RuntimeError(f"{arm}: {tokens} tokens generated, {expected} expected")
     ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
     return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "ttft_s": ttfts,
+            "sample_ttft_s": sorted(t for r in results for t in r.get("firsts", ())),
             "latency_s": sorted(r["latency"] for r in results)}
 
 
@@ -217,7 +230,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--kv-cache-gb", type=float, default=2)
-    ap.add_argument("--speculation", default="none", choices=["none", "ngram"])
+    ap.add_argument("--speculation", default="none", choices=["none", "ngram", "eagle3", "draft_model"])
+    ap.add_argument("--draft-model", default=None, help="eagle3 / draft_model: the drafter (default: the default "
+                    "model's, `rollout-service prepare-drafter --kind KIND`, prepared once and cached)")
     ap.add_argument("--out", default="bench/results/vs_vllm_serve.json")
     args = ap.parse_args()
 
@@ -231,9 +246,14 @@ def main() -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     info = ModelInfo.load(model, args.max_model_len)
     prompts = [info.encode(p.prompt, chat=True) for p in split(max(levels) * (args.rounds + 1))]
+    drafter = args.draft_model
+    if args.speculation in ("eagle3", "draft_model") and not drafter:
+        from rollout_service.drafting.drafters import prepare_draft_model, prepare_eagle3_head
+
+        drafter = str((prepare_eagle3_head if args.speculation == "eagle3" else prepare_draft_model)(model))
     rows = []
     with both_servers(model, args.dtype, args.max_model_len, max(levels), args.kv_cache_gb,
-                      args.speculation) as (vllm, svc, targets):
+                      args.speculation, drafter) as (vllm, svc, targets):
         for arm in ARMS:                                         # warm-up: every path once, streamed and not
             for stream in (False, True):                         # (a dialect's first stream sets up its detokenizer)
                 run_batch(arm, targets, prompts[:2], 1, 8, stream)
@@ -262,21 +282,26 @@ def main() -> int:
                 if stream:
                     ttfts = sorted(t for x in rs for t in x[arm]["ttft_s"])
                     row[f"{arm}_ttft_p50_s"], row[f"{arm}_ttft_p99_s"] = pct(ttfts, 0.5), pct(ttfts, 0.99)
+                    each = sorted(t for x in rs for t in x[arm].get("sample_ttft_s", ()))
+                    row[f"{arm}_sample_ttft_p50_s"], row[f"{arm}_sample_ttft_p99_s"] = pct(each, 0.5), pct(each, 0.99)
                 if arm != "vllm_serve":
                     row[f"{arm}_ratio"] = statistics.median(x[arm]["tok_s"] / x["vllm_serve"]["tok_s"] for x in rs)
             summary.append(row)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
            "command": "bench/vs_vllm_serve.py " + " ".join(sys.argv[1:]), "model": model,
            "vllm_serve_flags": vllm.args, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
-           "summary": summary, "rounds": rows}
+           "drafter": drafter, "summary": summary, "rounds": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"{'conc':>4} {'stream':>6} {'vllm tok/s':>10} {'dialect':>8} {'x':>6} {'grpc':>8} {'x':>6} "
-          f"{'ttft p50 vllm/dialect/grpc (ms)':>32}")
+          f"{'ttft p50 vllm/dialect/grpc (ms), request':>42} {'sample':>16}")
     for s in summary:
-        ttft = "" if not s["stream"] else "/".join(f"{1000 * (s[f'{a}_ttft_p50_s'] or 0):.0f}" for a in ARMS)
+        ttft = each = ""
+        if s["stream"]:
+            ttft = "/".join(f"{1000 * (s[f'{a}_ttft_p50_s'] or 0):.0f}" for a in ARMS)
+            each = "/".join(f"{1000 * (s.get(f'{a}_sample_ttft_p50_s') or 0):.0f}" for a in ARMS)
         print(f"{s['concurrency']:>4} {str(s['stream']):>6} {s['vllm_serve_tok_s']:>10.1f} {s['dialect_tok_s']:>8.1f} "
-              f"{s['dialect_ratio']:>6.3f} {s['grpc_tok_s']:>8.1f} {s['grpc_ratio']:>6.3f} {ttft:>32}")
+              f"{s['dialect_ratio']:>6.3f} {s['grpc_tok_s']:>8.1f} {s['grpc_ratio']:>6.3f} {ttft:>42} {each:>16}")
     print(f"results: {args.out}")
     return 0
 
