@@ -230,6 +230,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--kv-cache-gb", type=float, default=2)
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="both servers' cap on running sequences (it was the "
+                    "largest --concurrency before 2026-11-28: the EAGLE-3 run at --concurrency 1,8 ran 8 at a time)")
     ap.add_argument("--speculation", default="none", choices=["none", "ngram", "eagle3", "draft_model"])
     ap.add_argument("--draft-model", default=None, help="eagle3 / draft_model: the drafter (default: the default "
                     "model's, `rollout-service prepare-drafter --kind KIND`, prepared once and cached)")
@@ -252,7 +254,7 @@ def main() -> int:
 
         drafter = str((prepare_eagle3_head if args.speculation == "eagle3" else prepare_draft_model)(model))
     rows = []
-    with both_servers(model, args.dtype, args.max_model_len, max(levels), args.kv_cache_gb,
+    with both_servers(model, args.dtype, args.max_model_len, args.max_num_seqs, args.kv_cache_gb,
                       args.speculation, drafter) as (vllm, svc, targets):
         for arm in ARMS:                                         # warm-up: every path once, streamed and not
             for stream in (False, True):                         # (a dialect's first stream sets up its detokenizer)
@@ -290,7 +292,7 @@ def main() -> int:
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
            "command": "bench/vs_vllm_serve.py " + " ".join(sys.argv[1:]), "model": model,
            "vllm_serve_flags": vllm.args, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
-           "drafter": drafter, "summary": summary, "rounds": rows}
+           "max_num_seqs": args.max_num_seqs, "drafter": drafter, "summary": summary, "rounds": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"{'conc':>4} {'stream':>6} {'vllm tok/s':>10} {'dialect':>8} {'x':>6} {'grpc':>8} {'x':>6} "

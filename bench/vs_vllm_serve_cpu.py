@@ -1,9 +1,9 @@
-"""Where the CPU goes when `vllm serve` and the service serve the same unstreamed batch (not a test): CPU seconds of
-each process (front end, engine core, worker) of both servers over one batch per arm, the idle server's included, in the
-order given (default A B C A, so that the machine's drift shows as the first arm against itself).
+"""Where the CPU goes when `vllm serve` and the service serve the same batch, unstreamed unless --stream (not a test):
+CPU seconds of each process (front end, engine core, worker) of both servers over one batch per arm, the idle server's
+included, in the order given (default A B C A, so that the machine's drift shows as the first arm against itself).
 
     .venv/bin/python bench/vs_vllm_serve_cpu.py [--concurrency 64] [--order vllm_serve,dialect,grpc,vllm_serve]
-        [--out /tmp/vs_vllm_serve_cpu.json]
+        [--stream] [--out /tmp/vs_vllm_serve_cpu.json]
 
 The load is bench/vs_vllm_serve.py's (n = 4, 128 tokens, log-probs, default model) with each arm on its own prompts of
 the arithmetic task. The 2026-11-27 run and the py-spy profile beside it: bench/results/vs_vllm_serve_profile.json.
@@ -44,6 +44,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--order", default="vllm_serve,dialect,grpc,vllm_serve")
+    ap.add_argument("--stream", action="store_true", help="streamed requests (default: unstreamed)")
     ap.add_argument("--out", default="/tmp/vs_vllm_serve_cpu.json")
     args = ap.parse_args()
 
@@ -62,14 +63,15 @@ def main() -> int:
         pids = {"vllm_serve": vllm.proc.pid, "ours": svc.proc.pid}
         for i, arm in enumerate(order):
             before = {k: tree_cpu(v) for k, v in pids.items()}
-            r = vs.run_batch(arm, targets, prompts[i * conc:(i + 1) * conc], 4, 128, False)
+            time.sleep(vs.SETTLE_S)
+            r = vs.run_batch(arm, targets, prompts[i * conc:(i + 1) * conc], 4, 128, args.stream)
             after = {k: tree_cpu(v) for k, v in pids.items()}
             row = {"arm": arm, "tok_s": round(r["tok_s"], 1), "wall_s": round(r["wall_s"], 1),
                    "cpu_s": {k: delta(before[k], after[k]) for k in pids}}
             print(json.dumps(row), flush=True)
             rows.append(row)
     Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                          "concurrency": conc, "rows": rows}, indent=1))
+                                          "concurrency": conc, "stream": args.stream, "rows": rows}, indent=1))
     return 0
 
 

@@ -162,7 +162,7 @@ class Writer:
         self.created = int(time.time())
         self.model = req.policy or gw.model.path          # an adapter's answers name the adapter, as vLLM's do
 
-    def _decode(self, items, texts) -> list[tuple[str, dict[int, str]]]:
+    def decode(self, items, texts) -> list[tuple[str, dict[int, str]]]:
         """(text, token id -> its string) per item; texts: the items' texts where already known (streams)."""
         tok = self.gw.model.tokenizer
         out = []
@@ -177,7 +177,7 @@ class Writer:
         return out
 
     async def choices(self, items, texts=None) -> list[dict]:
-        decoded = await self.gw.in_tokenizer_thread(self._decode, items, texts or [None] * len(items))
+        decoded = await self.gw.in_tokenizer_thread(self.decode, items, texts or [None] * len(items))
         return [self.choice(item, text, names) for item, (text, names) in zip(items, decoded)]
 
     def index(self, item) -> int:
@@ -308,6 +308,10 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
     def text_of(key) -> StreamText:
         return texts.setdefault(key, StreamText(gw.decode))
 
+    def delta_text(key, part: SeqResult) -> tuple[str, dict[int, str]]:     # in the tokenizer thread
+        piece = text_of(key).step(part.token_ids) if opts.text else ""
+        return w.decode([IndexedResult(*key, part)], [piece])[0]
+
     offsets: dict[tuple[int, int], int] = {}         # a choice's next logprobs.text_offset
 
     def chunk(choices: list[dict], first: bool, key) -> str:
@@ -339,9 +343,10 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
                         part = SeqResult(token_ids=d.token_ids, logprobs=d.logprobs, finish_reason=None,
                                          policy_version=d.version_spans[0][0], version_spans=d.version_spans,
                                          top_token_ids=d.top_token_ids, top_logprobs=d.top_logprobs)
-                        piece = await gw.in_tokenizer_thread(text_of(key).step, d.token_ids) if opts.text else ""
+                        # one hop to the tokenizer thread per chunk: its text piece and its tokens' names together
+                        piece, names = await gw.in_tokenizer_thread(delta_text, key, part)
                         sent[key] = d.start + len(d.token_ids)
-                        choices = await w.choices([IndexedResult(*key, part)], [piece])
+                        choices = [w.choice(IndexedResult(*key, part), piece, names)]
                         choices[0].pop("weight_versions")
                         yield chunk(choices, first, key)
                         continue
