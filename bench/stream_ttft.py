@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from vs_vllm_serve import ARMS, both_servers  # noqa: E402
+from vs_vllm_serve import ARMS, both_servers, grpc_request, http_request  # noqa: E402
 from vs_vllm_serve_cpu import delta, tree_cpu  # noqa: E402
 
-SPLIT_S = 0.2      # a request whose second sample's first token came this much after its first: the first step took one
+SPLIT_S = 0.2      # a second sample's first token this much after the first's: the engine's first step took one alone
 
 
 def idle(gap: float, pids: dict[str, int]) -> dict:
@@ -39,51 +39,19 @@ def idle(gap: float, pids: dict[str, int]) -> dict:
             for half, (a, b) in (("first_half", marks[:2]), ("second_half", marks[1:]))}
 
 
-async def http_stream(url: str, prompt: list[int], n: int, max_tokens: int) -> dict:
-    import httpx
-
-    body = {"model": "policy", "prompt": prompt, "n": n, "max_tokens": max_tokens, "temperature": 1.0,
-            "ignore_eos": True, "logprobs": 0, "return_token_ids": True, "stream": True}
-    firsts: dict[int, float] = {}
-    tokens, chunks = 0, 0
-    async with httpx.AsyncClient(timeout=600) as client:
-        t0 = time.perf_counter()
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            r.raise_for_status()
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunks += 1
-                for c in json.loads(line[6:]).get("choices", []):
-                    got = len(c.get("token_ids") or [])
-                    if got:
-                        firsts.setdefault(c["index"], time.perf_counter() - t0)
-                    tokens += got
-        total = time.perf_counter() - t0
-    return {"ttft": min(firsts.values()), "firsts": sorted(firsts.values()), "total": total, "tokens": tokens,
-            "chunks": chunks}
-
-
-def grpc_stream(client, prompt: list[int], n: int, max_tokens: int) -> dict:
-    firsts: dict[int, float] = {}
-    tokens, chunks = 0, 0
-    t0 = time.perf_counter()
-    for s in client.generate([prompt], n=n, max_tokens=max_tokens, temperature=1.0, ignore_eos=True,
-                             stream_tokens=True):
-        chunks += 1
-        if len(s.token_ids):
-            firsts.setdefault(s.sample_index, time.perf_counter() - t0)
-        if not s.delta:
-            tokens += len(s.token_ids)
-    total = time.perf_counter() - t0
-    return {"ttft": min(firsts.values()), "firsts": sorted(firsts.values()), "total": total, "tokens": tokens,
-            "chunks": chunks}
-
-
 def one(arm: str, targets: dict, prompt: list[int], n: int, max_tokens: int) -> dict:
+    """One streamed request (bench/vs_vllm_serve.py's), its whole time as "total"."""
     if arm == "grpc":
-        return grpc_stream(targets["grpc"], prompt, n, max_tokens)
-    return asyncio.run(http_stream(targets[arm], prompt, n, max_tokens))
+        r = grpc_request(targets["grpc"], prompt, n, max_tokens, True)
+    else:
+        import httpx
+
+        async def go():
+            async with httpx.AsyncClient(timeout=600) as client:
+                return await http_request(client, targets[arm], prompt, n, max_tokens, True)
+        r = asyncio.run(go())
+    r["total"] = r.pop("latency")
+    return r
 
 
 def summarize(rows: list[dict], gaps: list[float], tokens: int) -> None:

@@ -123,20 +123,22 @@ async def http_request(client, url: str, prompt: list[int], n: int, max_tokens: 
         r = await client.post(url + "/v1/completions", json=body)
         r.raise_for_status()
         tokens = sum(len(c["token_ids"]) for c in r.json()["choices"])
-        return {"tokens": tokens, "ttft": None, "latency": time.perf_counter() - t0}
+        return {"tokens": tokens, "ttft": None, "firsts": [], "latency": time.perf_counter() - t0}
     firsts: dict[int, float] = {}                              # sample index -> its first token
+    chunks = 0
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
+            chunks += 1
             for c in json.loads(line[6:]).get("choices", []):
                 got = len(c.get("token_ids") or [])
                 if got:
                     firsts.setdefault(c["index"], time.perf_counter() - t0)
                 tokens += got
     return {"tokens": tokens, "ttft": min(firsts.values(), default=None), "firsts": sorted(firsts.values()),
-            "latency": time.perf_counter() - t0}
+            "chunks": chunks, "latency": time.perf_counter() - t0}
 
 
 @contextlib.contextmanager
@@ -168,9 +170,10 @@ def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_g
 def grpc_request(client, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
     t0 = time.perf_counter()
     firsts: dict[int, float] = {}                              # sample index -> its first token
-    tokens = 0
+    tokens = chunks = 0
     for s in client.generate([prompt], n=n, max_tokens=max_tokens, temperature=1.0, ignore_eos=True,
                              stream_tokens=stream):
+        chunks += 1
         if s.delta:
             if len(s.token_ids):
                 firsts.setdefault(s.sample_index, time.perf_counter() - t0)
@@ -179,7 +182,7 @@ def grpc_request(client, prompt: list[int], n: int, max_tokens: int, stream: boo
         if stream:
             firsts.setdefault(s.sample_index, time.perf_counter() - t0)
     return {"tokens": tokens, "ttft": min(firsts.values(), default=None), "firsts": sorted(firsts.values()),
-            "latency": time.perf_counter() - t0}
+            "chunks": chunks, "latency": time.perf_counter() - t0}
 
 
 def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tokens: int, stream: bool) -> dict:
@@ -210,7 +213,7 @@ def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tok
         raise RuntimeError(f"{arm}: {tokens} tokens generated, {expected} expected")
     ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
     return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "ttft_s": ttfts,
-            "sample_ttft_s": sorted(t for r in results for t in r.get("firsts", ())),
+            "sample_ttft_s": sorted(t for r in results for t in r["firsts"]),
             "latency_s": sorted(r["latency"] for r in results)}
 
 
