@@ -2,7 +2,7 @@
 interleaved run (not a test).
 
     .venv/bin/python bench/vs_vllm_serve.py [--model DIR] [--concurrency 1,8,64] [--n 4] [--max-tokens 128]
-        [--rounds 2] [--speculation none|ngram|eagle3|draft_model] [--draft-model DIR]
+        [--rounds 2] [--streamed no,yes] [--speculation none|ngram|eagle3|draft_model] [--draft-model DIR]
         [--out bench/results/vs_vllm_serve.json]
 
 Three arms on one OpenAI-completions load (prompts from rollout_tasks' arithmetic task, chat-formatted token ids; n
@@ -230,6 +230,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--streamed", default="no,yes", help="which rows: no (whole answers), yes (streamed) or both")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--kv-cache-gb", type=float, default=2)
@@ -249,6 +250,7 @@ def main() -> int:
 
     model = resolve_model(args.model)
     levels = [int(x) for x in args.concurrency.split(",")]
+    streams = [{"no": False, "yes": True}[x] for x in args.streamed.split(",")]
     info = ModelInfo.load(model, args.max_model_len)
     prompts = [info.encode(p.prompt, chat=True) for p in split(max(levels) * (args.rounds + 1))]
     drafter = args.draft_model
@@ -262,12 +264,12 @@ def main() -> int:
         for arm in ARMS:                                         # warm-up: every path once, streamed and not
             for stream in (False, True):                         # (a dialect's first stream sets up its detokenizer)
                 run_batch(arm, targets, prompts[:2], 1, 8, stream)
-        steps = len(levels) * args.rounds * 2 * len(ARMS)
+        steps = len(levels) * args.rounds * len(streams) * len(ARMS)
         with tqdm(total=steps, desc="batches", unit="batch") as bar:
             for r in range(args.rounds):
                 for conc in levels:
                     picked = prompts[r * conc:(r + 1) * conc]
-                    for stream in (False, True):
+                    for stream in streams:
                         order = ARMS[r % 3:] + ARMS[:r % 3]
                         got = {}
                         for arm in order:
@@ -279,7 +281,7 @@ def main() -> int:
                                      **{arm: res for arm, res in got.items()}})
     summary = []
     for conc in levels:
-        for stream in (False, True):
+        for stream in streams:
             rs = [x for x in rows if x["concurrency"] == conc and x["stream"] == stream]
             row = {"concurrency": conc, "stream": stream}
             for arm in ARMS:

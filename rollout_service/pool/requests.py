@@ -125,24 +125,29 @@ class RequestRecord:
     async def read(self, deltas: bool = False):
         """Yield every result from the first; raise the record's error, if any, at the end. deltas: also yield an
         IndexedDelta with the tokens of each unfinished sample that are new since this reader's last one."""
+        async for batch in self.batches(deltas):
+            for item in batch:
+                yield item
+
+    async def batches(self, deltas: bool = False):
+        """read(), a list at a time: the results and deltas that are new each time the record changed (after an
+        engine step, one delta per unfinished sample), so that a reader can handle them together (one hop to the
+        tokenizer thread, one write)."""
         i = 0
         sent: dict[tuple[int, int], tuple[int, int]] = {}   # per unfinished sample: the tokens and routed-experts
         #                                                     rows this reader has sent
         while True:
             changed = self.changed
-            moved = False
-            while i < len(self.results):
-                yield self.results[i]
-                i += 1
-                moved = True
-            if deltas:
-                for key, prog in list(self.progress.items()):
+            batch: list[IndexedResult | IndexedDelta] = self.results[i:]
+            i += len(batch)
+            if deltas:                    # a finished sample has left progress: no delta follows its result
+                for key, prog in self.progress.items():
                     at, row = sent.get(key, (prog.first, 0))
-                    if prog.end > at and key in self.progress:
+                    if prog.end > at:
                         sent[key] = (prog.end, prog.rows_end)
-                        yield IndexedDelta(key[0], key[1], prog.since(at, row))
-                        moved = True
-            if moved:                                    # a yield may have waited: look again before sleeping
+                        batch.append(IndexedDelta(key[0], key[1], prog.since(at, row)))
+            if batch:                     # the yield may have waited: look again before sleeping
+                yield batch
                 continue
             if self.done:
                 if self.error is not None:

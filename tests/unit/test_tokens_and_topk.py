@@ -72,6 +72,27 @@ def test_a_slow_reader_gets_the_missed_steps_in_one_delta_and_never_holds_up_the
     asyncio.run(main())
 
 
+def test_a_step_reaches_a_reader_as_one_batch_with_the_finished_samples_first():
+    async def main():
+        rec = RequestRecord(request_id="", fingerprint=b"", expected=3)
+        batches = rec.batches(deltas=True)
+        for s in range(3):                               # one engine step: three samples' first tokens
+            rec.add_delta(0, s, TokenDelta(start=0, token_ids=[s], logprobs=[-1.0], version_spans=[(0, 0)]))
+        step1 = await batches.__anext__()
+        assert [(type(x), x.sample_index) for x in step1] == [(IndexedDelta, 0), (IndexedDelta, 1), (IndexedDelta, 2)]
+        for s in (0, 2):                                 # the next step: sample 1 finishes, 0 and 2 go on
+            rec.add_delta(0, s, TokenDelta(start=1, token_ids=[9], logprobs=[-1.0], version_spans=[(0, 1)]))
+        rec.add(IndexedResult(0, 1, SeqResult(token_ids=[1, 4], logprobs=[-1.0] * 2, finish_reason="stop")))
+        step2 = await batches.__anext__()
+        assert [(type(x), x.sample_index) for x in step2] == [(IndexedResult, 1), (IndexedDelta, 0), (IndexedDelta, 2)]
+        assert [x.delta.token_ids for x in step2[1:]] == [[9], [9]]
+        for s in (0, 2):
+            rec.add(IndexedResult(0, s, SeqResult(token_ids=[s, 9], logprobs=[-1.0] * 2, finish_reason="stop")))
+        rec.finish()
+        assert [[x.sample_index for x in b] async for b in batches] == [[0, 2]]
+    asyncio.run(main())
+
+
 def test_pool_streams_deltas_then_whole_samples_and_plain_readers_get_samples_only():
     async def main():
         pool = EnginePool([FakeEngine("e0", vocab_size=50)], max_queue=100)

@@ -20,7 +20,6 @@ from rollout_service.errors import ServiceError
 from rollout_service.server.compat.dialect import (  # noqa: F401 - the dialects' shared words, re-exported here
     ERROR_TYPE, HTTP_STATUS, DialectError, Fields, Spelling, error_response, from_service_error, json_body, spell)
 from rollout_service.server.compat.vllm_transfer import VllmWeightTransfer
-from rollout_service.pool.requests import IndexedDelta, IndexedResult
 from rollout_service.server.service import TOKENIZER, RolloutService
 from rollout_service.validation import CheckedRequest, session_id_problem
 from rollout_service.wire import IN_FLIGHT_MODES
@@ -97,10 +96,11 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def generate(self, request: pb.GenerateRequest, spelling: Spelling | None = None, deltas: bool = False
-                       ) -> AsyncIterator[tuple[CheckedRequest, AsyncIterator[IndexedResult | IndexedDelta]]]:
-        """Admit `request` exactly as gRPC Generate does; yield (checked, samples as they finish; with deltas and
-        request.stream_tokens also each unfinished sample's new tokens, as IndexedDelta). Leaving the block before
-        the last sample (the HTTP client went away) aborts the engine work, as a cancelled stream does. Raises
+                       ) -> AsyncIterator[tuple[CheckedRequest, AsyncIterator]]:
+        """Admit `request` exactly as gRPC Generate does; yield (checked, samples as they finish). With deltas
+        (streaming: request.stream_tokens), lists instead: what is new after each engine step, the samples that
+        finished and each unfinished sample's new tokens as an IndexedDelta (RequestRecord.batches). Leaving the block
+        before the last sample (the HTTP client went away) aborts the engine work, as a cancelled stream does. Raises
         DialectError for a refusal at admission; errors after it stay ServiceError."""
         telemetry = self.pool.telemetry
         try:
@@ -111,7 +111,7 @@ class Gateway:
         self.pool.attach(record)
         code = "OK"
         try:
-            yield checked, record.read(deltas=deltas)
+            yield checked, record.batches(deltas=True) if deltas else record.read()
         except ServiceError as e:
             code = e.code.name
             raise

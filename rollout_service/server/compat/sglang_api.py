@@ -184,22 +184,30 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_lo
     async def events():
         try:
             try:
-                async for item in samples:
-                    key = (item.prompt_index, item.sample_index)
-                    if isinstance(item, IndexedDelta):
+                async for batch in samples:           # what is new after an engine step: one write
+                    out = []
+                    for item in batch:                # the samples that finished (they come first)
+                        if isinstance(item, IndexedDelta):
+                            continue
+                        key = (item.prompt_index, item.sample_index)
+                        progress.pop(key, None)
+                        texts.pop(key, None)
+                        text = await gw.in_tokenizer_thread(gw.decode, item.result.token_ids)
+                        out.append(event(key, item.result, text))
+                    deltas = [i for i in batch if isinstance(i, IndexedDelta)]
+                    steps = [(texts.setdefault((i.prompt_index, i.sample_index), StreamText(gw.decode)),
+                              i.delta.token_ids) for i in deltas]
+                    if steps:                         # one hop to the tokenizer thread per engine step
+                        await gw.in_tokenizer_thread(lambda: [st.step(ids) for st, ids in steps])
+                    for i, (st, _) in zip(deltas, steps):
+                        key = (i.prompt_index, i.sample_index)
                         prog = progress.setdefault(key, Progress())
-                        prog.extend(item.delta)          # this reader's deltas follow each other
+                        prog.extend(i.delta)          # this reader's deltas follow each other
                         r = SeqResult(token_ids=prog.token_ids, logprobs=prog.logprobs, finish_reason=None,
                                       policy_version=prog.version_spans[0][0], version_spans=prog.version_spans,
                                       top_token_ids=prog.top_token_ids, top_logprobs=prog.top_logprobs)
-                        st = texts.setdefault(key, StreamText(gw.decode))
-                        await gw.in_tokenizer_thread(st.step, item.delta.token_ids)
-                        yield event(key, r, st.sent)
-                        continue
-                    progress.pop(key, None)
-                    texts.pop(key, None)
-                    text = await gw.in_tokenizer_thread(gw.decode, item.result.token_ids)
-                    yield event(key, item.result, text)
+                        out.append(event(key, r, st.sent))
+                    yield "".join(out)
             except ServiceError as e:
                 err = from_service_error(e, SPELLING)
                 yield f"data: {json.dumps({'error': {'message': err.message, 'param': err.param}})}\n\n"

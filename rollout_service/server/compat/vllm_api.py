@@ -308,9 +308,10 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
     def text_of(key) -> StreamText:
         return texts.setdefault(key, StreamText(gw.decode))
 
-    def delta_text(key, part: SeqResult) -> tuple[str, dict[int, str]]:     # in the tokenizer thread
-        piece = text_of(key).step(part.token_ids) if opts.text else ""
-        return w.decode([IndexedResult(*key, part)], [piece])[0]
+    def delta_texts(parts: list[tuple[tuple[int, int], SeqResult]]) -> list[tuple[str, dict[int, str]]]:
+        """In the tokenizer thread: each delta's text piece and its tokens' names."""
+        return [w.decode([IndexedResult(*key, part)], [text_of(key).step(part.token_ids) if opts.text else ""])[0]
+                for key, part in parts]
 
     offsets: dict[tuple[int, int], int] = {}         # a choice's next logprobs.text_offset
 
@@ -334,33 +335,42 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
         items, started, sent = [], set(), {}
         try:
             try:
-                async for item in samples:
-                    key = (item.prompt_index, item.sample_index)
-                    first = key not in started
-                    started.add(key)
-                    if isinstance(item, IndexedDelta):
-                        d = item.delta
-                        part = SeqResult(token_ids=d.token_ids, logprobs=d.logprobs, finish_reason=None,
-                                         policy_version=d.version_spans[0][0], version_spans=d.version_spans,
-                                         top_token_ids=d.top_token_ids, top_logprobs=d.top_logprobs)
-                        # one hop to the tokenizer thread per chunk: its text piece and its tokens' names together
-                        piece, names = await gw.in_tokenizer_thread(delta_text, key, part)
-                        sent[key] = d.start + len(d.token_ids)
-                        choices = [w.choice(IndexedResult(*key, part), piece, names)]
-                        choices[0].pop("weight_versions")
-                        yield chunk(choices, first, key)
-                        continue
-                    items.append(item)
-                    r, st = item.result, text_of(key)
-                    k = sent.pop(key, 0)             # tokens sent as deltas
-                    rest = msgspec.structs.replace(r, token_ids=r.token_ids[k:], logprobs=r.logprobs[k:],
-                                                   top_token_ids=r.top_token_ids[k:], top_logprobs=r.top_logprobs[k:])
-                    piece = ""
-                    if opts.text:                    # the whole text, as a whole answer gives it
-                        piece = st.finish(await gw.in_tokenizer_thread(gw.decode, r.token_ids))
-                    yield chunk(await w.choices([IndexedResult(*key, rest)], [piece]), first, key)
-                    texts.pop(key, None)
-                    offsets.pop(key, None)
+                async for batch in samples:           # what is new after an engine step: one write
+                    out = []
+                    for item in batch:                # the samples that finished (they come first)
+                        if isinstance(item, IndexedDelta):
+                            continue
+                        key = (item.prompt_index, item.sample_index)
+                        first = key not in started
+                        started.add(key)
+                        items.append(item)
+                        r, st = item.result, text_of(key)
+                        k = sent.pop(key, 0)         # tokens sent as deltas
+                        rest = msgspec.structs.replace(r, token_ids=r.token_ids[k:], logprobs=r.logprobs[k:],
+                                                       top_token_ids=r.top_token_ids[k:],
+                                                       top_logprobs=r.top_logprobs[k:])
+                        piece = ""
+                        if opts.text:                # the whole text, as a whole answer gives it
+                            piece = st.finish(await gw.in_tokenizer_thread(gw.decode, r.token_ids))
+                        out.append(chunk(await w.choices([IndexedResult(*key, rest)], [piece]), first, key))
+                        texts.pop(key, None)
+                        offsets.pop(key, None)
+                    deltas = [i for i in batch if isinstance(i, IndexedDelta)]
+                    parts = [((i.prompt_index, i.sample_index),
+                              SeqResult(token_ids=i.delta.token_ids, logprobs=i.delta.logprobs, finish_reason=None,
+                                        policy_version=i.delta.version_spans[0][0],
+                                        version_spans=i.delta.version_spans, top_token_ids=i.delta.top_token_ids,
+                                        top_logprobs=i.delta.top_logprobs)) for i in deltas]
+                    # one hop to the tokenizer thread per engine step: every delta's text piece and names together
+                    decoded = await gw.in_tokenizer_thread(delta_texts, parts) if parts else []
+                    for i, (key, part), (piece, names) in zip(deltas, parts, decoded):
+                        first = key not in started
+                        started.add(key)
+                        sent[key] = i.delta.start + len(i.delta.token_ids)
+                        choice = w.choice(IndexedResult(*key, part), piece, names)
+                        choice.pop("weight_versions")
+                        out.append(chunk([choice], first, key))
+                    yield "".join(out)
             except ServiceError as e:
                 err = from_service_error(e, spelling)
                 error = {"message": err.message, "param": err.param, "code": err.status}
