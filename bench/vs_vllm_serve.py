@@ -106,11 +106,13 @@ def engine_flags(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_g
     a = VllmEngine("bench", model, cfg).engine_args()
     flags = ["--dtype", str(a.dtype), "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
              "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+    if a.kv_cache_memory_bytes is not None:
+        flags += ["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)]
     flags.append("--enable-chunked-prefill" if a.enable_chunked_prefill else "--no-enable-chunked-prefill")
     flags.append("--enable-prefix-caching" if a.enable_prefix_caching is not False else "--no-enable-prefix-caching")
     if a.enforce_eager:
         flags.append("--enforce-eager")
-    prepare_cpu_environment(kv_cache_gb)             # the service's engine processes inherit the same
+    prepare_cpu_environment()                        # the service's engine processes inherit the same
     return flags, dict(os.environ)
 
 

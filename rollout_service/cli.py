@@ -178,7 +178,7 @@ def cmd_serve(args) -> int:
     if not cfg.ray.address:          # the engines start here (a Ray actor starts its own): before vLLM is imported
         from rollout_service.engine import forkserver
 
-        forkserver.prestart(cfg.engine.kv_cache_gb, cfg.engine.tensor_parallel_size)
+        forkserver.prestart(cfg.engine.tensor_parallel_size)
     from rollout_service.server.app import serve
 
     try:
@@ -229,7 +229,7 @@ def cmd_verify_lossless(args) -> int:
     from rollout_service.engine import forkserver
 
     # the check's engines start in this process: their fork server imports vLLM beside this process's own import
-    forkserver.prestart(DEFAULT_BASE.kv_cache_gb, DEFAULT_BASE.tensor_parallel_size)
+    forkserver.prestart(DEFAULT_BASE.tensor_parallel_size)
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
     try:

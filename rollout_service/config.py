@@ -129,8 +129,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_model_len: option(int, "context length per sequence (prompt + generated tokens)", "--max-model-len",
                           ge=16) = 2048
     max_num_seqs: option(int, "sequences an engine batches at once", "--max-num-seqs") = 64
-    kv_cache_gb: option(float, "KV cache per engine in GiB on CPU (VLLM_CPU_KVCACHE_SPACE)", "--kv-cache-gb",
-                        gt=0) = 2.0
+    kv_cache_gb: option(float, "KV cache per engine in GiB on CPU, fractions included (vLLM's kv_cache_memory_bytes)",
+                        "--kv-cache-gb", gt=0) = 2.0
     gpu_memory_utilization: option(float, "share of each GPU an engine takes (GPU nodes)") = 0.85
     enforce_eager: option(bool, "skip torch.compile (faster start)") = True
     seed: option(int, "vLLM's engine seed (a request's seed decides its samples)") = 0

@@ -28,19 +28,20 @@ def cpu_list(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def prepare_cpu_environment(kv_cache_gb: float) -> None:
+def prepare_cpu_environment() -> None:
     """Environment the engine's child processes inherit on CPU machines.
 
     Preload the venv's Intel OpenMP (vLLM warns that speculative decoding is much slower without it),
-    size the KV cache, and on small machines (<= SMALL_MACHINE_CPUS usable CPUs) bind the engine's
+    and on small machines (<= SMALL_MACHINE_CPUS usable CPUs) bind the engine's
     OpenMP threads to all of them. PyTorch allocates tensors of 2 MB and more on transparent huge pages
     (THP_MEM_ALLOC_ENABLE; these kernels only grant them on madvise): a weight push prepares ~0.45 GB of
     fresh tensors in the worker, and at 4 KB pages the ~110k page faults took 0.4-0.5 s of a 0.7 s
     preparation (bench/weight_push.py: preparation 0.7 -> 0.25 s; generation throughput unchanged). numba (the
     n-gram proposer's) gets one thread on its workqueue layer. Settings already in the environment win. Engine
     processes get os.environ as it is when they start (spawned, or forked from engine/forkserver.py with it).
+    The KV cache's size is an engine argument (VllmEngine.engine_args: kv_cache_memory_bytes), not
+    VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only (vLLM still lets that variable win where it is set).
     """
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     # vLLM's n-gram proposer runs numba on one thread (ngram_proposer.py caps it at 1), but numba still starts a
     # pool of one thread per CPU on its default OpenMP layer, which competes with the model's OpenMP threads: on 2

@@ -111,7 +111,7 @@ _prestarted: dict[str, str] | None = None     # the environment a prestarted for
 _prestart_lock = threading.Lock()
 
 
-def prestart(kv_cache_gb: float, tensor_parallel_size: int) -> bool:
+def prestart(tensor_parallel_size: int) -> bool:
     """Start the fork server now, in a process that will start its engines here and has not imported vLLM yet, where
     they will take it (patches.forkserver_expected): its import of vLLM's engine core (~13 s on 2 cores) then runs
     beside this process's own import of vLLM (5-10 s), where it used to follow it at the first engine start. False
@@ -129,7 +129,7 @@ def prestart(kv_cache_gb: float, tensor_parallel_size: int) -> bool:
 
     if not forkserver_expected():
         return False
-    prepare_cpu_environment(kv_cache_gb)
+    prepare_cpu_environment()
     lifeline.mark_front_end()
     engine_env = cpu_platform_environment(tensor_parallel_size)
     if engine_env is None:

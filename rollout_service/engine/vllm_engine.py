@@ -112,8 +112,13 @@ class VllmEngine(Engine):
             # does not use offset"). Without chunked prefill no prefill is split; every prompt still fits
             # one step because the step budget is at least the context length.
             # Covered by tests/integration/test_generate.py::test_seeded_long_prompt_batch.
+            # The KV cache in bytes: VLLM_CPU_KVCACHE_SPACE (which vLLM lets win where it is set) takes whole GiB
+            # only, and an engine zero-fills all of it at start (1 GiB took 0.4-2.2 s on 2 cores: the kernel
+            # compacts memory for the huge pages THP_MEM_ALLOC_ENABLE asks for), so a small model's tests size it
+            # in fractions of a GiB.
             extra = dict(enable_chunked_prefill=False,
-                         max_num_batched_tokens=max(self.cfg.max_model_len, 2048))
+                         max_num_batched_tokens=max(self.cfg.max_model_len, 2048),
+                         kv_cache_memory_bytes=int(self.cfg.kv_cache_gb * 2**30))
         if self.captures_routes:           # routing replay: vLLM's capture (engine/routed_experts.py on the V1 runner)
             extra.update(enable_return_routed_experts=True)
         lora = self.cfg.lora
@@ -153,7 +158,7 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if is_cpu_platform():
-            prepare_cpu_environment(self.cfg.kv_cache_gb)
+            prepare_cpu_environment()
         lifeline.mark_front_end()      # whatever process starts an engine (server, bench, check): it dies with it
         self.state = EngineState.STARTING
         sp = self.cfg.speculation

@@ -45,8 +45,8 @@ def main(request_path: str, result_path: str) -> int:
     int8_dir = write_checkpoint(req["model"], req["int8_dir"])
     extra = {}
     if is_cpu_platform():           # the service's CPU settings: KV cache size, OpenMP binding; whole prefills
-        prepare_cpu_environment(1)
-        extra = dict(enable_chunked_prefill=False, max_num_batched_tokens=2048)
+        prepare_cpu_environment()
+        extra = dict(enable_chunked_prefill=False, max_num_batched_tokens=2048, kv_cache_memory_bytes=2**30)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -64,6 +64,17 @@ def test_k_by_batch_size_from_toml_reaches_vllm(tmp_path):
     assert "num_speculative_tokens_per_batch_size" not in speculative_config(fixed.engine.speculation)
 
 
+def test_the_kv_cache_is_sized_in_bytes_fractions_of_a_gib_included(monkeypatch):
+    """VLLM_CPU_KVCACHE_SPACE takes whole GiB (0.25 was 1 GiB, zero-filled at every engine start): on CPU the engine
+    argument kv_cache_memory_bytes carries engine.kv_cache_gb as it is."""
+    from rollout_service.engine.vllm_engine import VllmEngine
+
+    monkeypatch.setattr("rollout_service.engine.vllm_engine.is_cpu_platform", lambda: True)
+    for gb, size in ((0.25, 2**28), (2.0, 2 * 2**30), (1.5, 3 * 2**29)):
+        engine = load_config(**{"engine.kv_cache_gb": gb}).engine
+        assert VllmEngine("e", "m", engine).engine_args().kv_cache_memory_bytes == size
+
+
 def test_k_control_auto_is_the_default_and_uses_the_controlled_scheduler():
     from rollout_service.config import OPEN_BATCH, k_mode
     from rollout_service.engine.vllm_engine import K_SCHEDULER, VllmEngine, speculative_config

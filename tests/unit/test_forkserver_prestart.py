@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent("""
         patches.forkserver_expected = lambda: True
         cpu_env.cpu_platform_environment = lambda tp: {"ROLLOUT_TEST_PLATFORM": f"tp{tp}"}
         mode = sys.argv[1]
-        out = {"started": forkserver.prestart(1, 2), "pid": os.getpid()}
+        out = {"started": forkserver.prestart(2), "pid": os.getpid()}
         from multiprocessing import forkserver as fs
         pid = out["server"] = fs._forkserver._forkserver_pid
         env = server_environ(pid)
@@ -82,7 +82,7 @@ def test_the_first_engine_is_forked_from_the_prestarted_fork_server_with_the_cal
     # the fork server started with the CPU environment, the lifeline's mark and vLLM's platform variables; the
     # caller got the first two, not the platform's (vLLM sets them itself)
     platform, front_end, kv = out["server_env"]
-    assert platform == "tp2" and kv == "1", out
+    assert platform == "tp2" and kv is None, out        # the KV size is an engine argument
     assert front_end.startswith(f"{out['pid']}:") and front_end == out["caller_env"][1], out
     assert out["caller_env"][0] is None
     assert out["engine"] == [out["server"], "tp2"], out                 # forked from it, the caller's environment
