@@ -15,7 +15,8 @@ import torch
 from rollout_client import RolloutClient
 from rollout_client.transfer import WeightSync
 
-from rollout_service.drafting.reference import int8_w8a8, processed_logprobs
+from rollout_service.drafting.lossless import INT8_SPREAD_FACTOR, LOGPROB_ATOL
+from rollout_service.drafting.reference import int16_pair_saturation, int8_w8a8, processed_logprobs
 from tests.integration.int8_rescore import rescore
 from tests.integration.services import running_service
 from tests.integration.test_weights import PROMPTS, perturb
@@ -184,7 +185,8 @@ def test_ngram_speculation_over_an_int8_target_is_lossless_by_the_verify_lossles
     engines (plain and speculative) and passes: the G-tests find the speculative samples distributed as the plain
     int8 ones, and the log-probs of the checked samples (6, from int8 verify passes) equal the independent int8
     forward pass (drafting/reference.py int8_w8a8) within max(5e-3, 1.5 x its rounding spread), which the float32
-    policy is not within, with drafts proposed, accepted and rejected (chain_prompts). Power: the same speculative
+    policy is not within where int8 sums saturate (elsewhere the report says when it is), with drafts proposed,
+    accepted and rejected (chain_prompts). Power: the same speculative
     engine sampling at temperature 0.6 in the same batches is rejected."""
     prompts = chain_prompts(tiny_model, PROMPTS)
     cmd = [sys.executable, "-m", "rollout_service.cli", "verify-lossless", "--model", str(tiny_model),
@@ -197,5 +199,12 @@ def test_ngram_speculation_over_an_int8_target_is_lossless_by_the_verify_lossles
     assert "served precision int8: both engines serve it" in r.stdout and "speculation=ngram" in r.stdout
     assert "proposed nothing" not in r.stdout
     assert 0.02 < float(re.search(r"acceptance rate ([0-9.]+)", r.stdout)[1]) < 0.95, r.stdout   # 0.078 measured
-    assert "cannot tell int8 from float32" not in r.stdout and "the float32 policy is" in r.stdout, r.stdout
+    to_float = float(re.search(r"the float32 policy is ([0-9.e+-]+) from the samples", r.stdout)[1])
+    spread = float(re.search(r"own spread under float32 rounding on these samples is ([0-9.e+-]+)", r.stdout)[1])
+    tolerance = max(LOGPROB_ATOL["int8"], INT8_SPREAD_FACTOR * spread)
+    if int16_pair_saturation():   # int8 sums saturate in int16 pairs (x86 without VNNI): far from float32
+        assert "cannot tell int8 from float32" not in r.stdout, r.stdout
+    else:                         # exact int8 sums (VNNI, AMX, Arm): on the tiny model float32 can fall within the
+        #                           tolerance (3.6e-3 against 5e-3 on an AVX-512 VNNI CPU); the report must say so
+        assert ("cannot tell int8 from float32" in r.stdout) == (to_float <= tolerance), r.stdout
     assert re.search(r"power: .* -> NOT LOSSLESS \(it must be rejected\)", r.stdout), r.stdout
