@@ -47,6 +47,7 @@ ARMS = ("vllm_serve", "dialect", "grpc")
 # batch before holds this machine's 2 cores for that second: an arm started at once after the other server's batch
 # ran its first second beside it (its first token 0.3-1.0 s late; whichever arm followed the other server lost).
 SETTLE_S = 1.5
+GRPC_CLIENT = "asyncio"   # run_batch's gRPC client: "asyncio" or "threads" (--grpc-client)
 
 
 def free_port() -> int:
@@ -163,33 +164,70 @@ def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_g
         vllm.start()
         svc.start()
         with RolloutClient(svc.target) as client:
-            yield vllm, svc, {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client}
+            yield vllm, svc, {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client, "grpc_target": svc.target}
     finally:
         svc.stop()
         vllm.stop()
 
 
-def grpc_request(client, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
-    t0 = time.perf_counter()
-    firsts: dict[int, float] = {}                              # sample index -> its first token
-    tokens = chunks = 0
-    for s in client.generate([prompt], n=n, max_tokens=max_tokens, temperature=1.0, ignore_eos=True,
-                             stream_tokens=stream):
-        chunks += 1
+class Tally:
+    """One gRPC request's samples as they arrive: tokens, messages, each sample's first token (its first delta
+    with tokens, or its whole answer when streamed), as http_request counts them."""
+
+    def __init__(self, stream: bool):
+        self.t0, self.stream = time.perf_counter(), stream
+        self.firsts: dict[int, float] = {}                     # sample index -> its first token
+        self.tokens = self.chunks = 0
+
+    def add(self, s) -> None:
+        self.chunks += 1
         if s.delta:
             if len(s.token_ids):
-                firsts.setdefault(s.sample_index, time.perf_counter() - t0)
-            continue
-        tokens += len(s.token_ids)
-        if stream:
-            firsts.setdefault(s.sample_index, time.perf_counter() - t0)
-    return {"tokens": tokens, "ttft": min(firsts.values(), default=None), "firsts": sorted(firsts.values()),
-            "chunks": chunks, "latency": time.perf_counter() - t0}
+                self.firsts.setdefault(s.sample_index, time.perf_counter() - self.t0)
+            return
+        self.tokens += len(s.token_ids)
+        if self.stream:
+            self.firsts.setdefault(s.sample_index, time.perf_counter() - self.t0)
+
+    def result(self) -> dict:
+        return {"tokens": self.tokens, "ttft": min(self.firsts.values(), default=None),
+                "firsts": sorted(self.firsts.values()), "chunks": self.chunks, "latency": time.perf_counter() - self.t0}
 
 
-def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tokens: int, stream: bool) -> dict:
+def grpc_request(client, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
+    tally = Tally(stream)
+    for s in client.generate([prompt], n=n, max_tokens=max_tokens, temperature=1.0, ignore_eos=True,
+                             stream_tokens=stream):
+        tally.add(s)
+    return tally.result()
+
+
+async def grpc_request_async(client, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
+    """grpc_request on the asyncio client (AsyncRolloutClient)."""
+    tally = Tally(stream)
+    async for s in client.generate([prompt], n=n, max_tokens=max_tokens, temperature=1.0, ignore_eos=True,
+                                   stream_tokens=stream):
+        tally.add(s)
+    return tally.result()
+
+
+def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tokens: int, stream: bool,
+              grpc_client: str = GRPC_CLIENT) -> dict:
+    """One batch: the prompts as concurrent requests to `arm`. The gRPC arm's requests run on one asyncio loop
+    (grpc_client "asyncio": AsyncRolloutClient, as the HTTP arms run on httpx's) or in a thread each ("threads":
+    RolloutClient)."""
     t0 = time.perf_counter()
-    if arm == "grpc":
+    if arm == "grpc" and grpc_client == "asyncio":
+        from rollout_client import AsyncRolloutClient
+
+        async def go_grpc():
+            client = AsyncRolloutClient(targets["grpc_target"])
+            try:
+                return await asyncio.gather(*(grpc_request_async(client, p, n, max_tokens, stream) for p in prompts))
+            finally:
+                await client.channel.close()
+        results = asyncio.run(go_grpc())
+    elif arm == "grpc":
         results: list[dict] = [None] * len(prompts)
 
         def one(i):
@@ -232,6 +270,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--grpc-client", default=GRPC_CLIENT, choices=["asyncio", "threads"],
+                    help="the gRPC arm's client: AsyncRolloutClient on one loop, or RolloutClient in a thread per "
+                    "request")
     ap.add_argument("--streamed", default="no,yes", help="which rows: no (whole answers), yes (streamed) or both")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-model-len", type=int, default=1024)
@@ -265,7 +306,7 @@ def main() -> int:
                       args.speculation, drafter) as (vllm, svc, targets):
         for arm in ARMS:                                         # warm-up: every path once, streamed and not
             for stream in (False, True):                         # (a dialect's first stream sets up its detokenizer)
-                run_batch(arm, targets, prompts[:2], 1, 8, stream)
+                run_batch(arm, targets, prompts[:2], 1, 8, stream, args.grpc_client)
         steps = len(levels) * args.rounds * len(streams) * len(ARMS)
         with tqdm(total=steps, desc="batches", unit="batch") as bar:
             for r in range(args.rounds):
@@ -276,7 +317,8 @@ def main() -> int:
                         got = {}
                         for arm in order:
                             time.sleep(SETTLE_S)                 # the batch before, on either server, has gone idle
-                            got[arm] = run_batch(arm, targets, picked, args.n, args.max_tokens, stream)
+                            got[arm] = run_batch(arm, targets, picked, args.n, args.max_tokens, stream,
+                                                 args.grpc_client)
                             bar.set_postfix(arm=arm, c=conc, stream=stream, tok_s=round(got[arm]["tok_s"], 1))
                             bar.update()
                         rows.append({"round": r, "concurrency": conc, "stream": stream, "order": list(order),
@@ -299,7 +341,8 @@ def main() -> int:
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
            "command": "bench/vs_vllm_serve.py " + " ".join(sys.argv[1:]), "model": model,
            "vllm_serve_flags": vllm.args, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
-           "max_num_seqs": args.max_num_seqs, "drafter": drafter, "summary": summary, "rounds": rows}
+           "max_num_seqs": args.max_num_seqs, "drafter": drafter, "grpc_client": args.grpc_client, "summary": summary,
+           "rounds": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"{'conc':>4} {'stream':>6} {'vllm tok/s':>10} {'dialect':>8} {'x':>6} {'grpc':>8} {'x':>6} "
