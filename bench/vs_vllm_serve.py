@@ -323,6 +323,14 @@ def main() -> int:
                             bar.update()
                         rows.append({"round": r, "concurrency": conc, "stream": stream, "order": list(order),
                                      **{arm: res for arm, res in got.items()}})
+        k_control = None
+        if args.speculation != "none":                           # what the k controller chose, by batch size
+            kc = targets["grpc"].status().k_control
+            k_control = {"steps_by_k": list(kc.steps_by_k), "acceptance": [round(a, 3) for a in kc.acceptance],
+                         "drafter_off_steps": kc.drafter_off_steps,
+                         "choices": [{"batch_sizes": c.batch_sizes, "chosen_k": c.chosen_k,
+                                      "step_ms": [round(x, 1) for x in c.step_ms],
+                                      "expected_speedup": round(c.expected_speedup, 3)} for c in kc.choices]}
     summary = []
     for conc in levels:
         for stream in streams:
@@ -342,7 +350,7 @@ def main() -> int:
            "command": "bench/vs_vllm_serve.py " + " ".join(sys.argv[1:]), "model": model,
            "vllm_serve_flags": vllm.args, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
            "max_num_seqs": args.max_num_seqs, "drafter": drafter, "grpc_client": args.grpc_client, "summary": summary,
-           "rounds": rows}
+           "k_control": k_control, "rounds": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"{'conc':>4} {'stream':>6} {'vllm tok/s':>10} {'dialect':>8} {'x':>6} {'grpc':>8} {'x':>6} "
