@@ -156,6 +156,12 @@ class RequestRecord:
             await changed.wait()
 
 
+def split(batch: list) -> tuple[list[IndexedResult], list[IndexedDelta]]:
+    """A RequestRecord.batches list -> (the samples that finished, the unfinished samples' deltas)."""
+    finished = [x for x in batch if isinstance(x, IndexedResult)]
+    return finished, [x for x in batch if isinstance(x, IndexedDelta)]
+
+
 class RequestRegistry:
     """request_id -> RequestRecord, keeping finished records for `ttl_s` so retries replay them."""
 

@@ -14,7 +14,7 @@ from rollout_service.engine.types import SeqRequest, SeqResult, TokenDelta
 from rollout_service.errors import ServiceError
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
-from rollout_service.pool.requests import IndexedDelta, IndexedResult, Progress, RequestRecord
+from rollout_service.pool.requests import IndexedDelta, IndexedResult, Progress, RequestRecord, split
 from rollout_service.server.convert import delta_to_proto, sample_to_proto
 from rollout_service.validation import Limits, check_generate
 from tests.fake_engine import FakeEngine
@@ -86,6 +86,7 @@ def test_a_step_reaches_a_reader_as_one_batch_with_the_finished_samples_first():
         step2 = await batches.__anext__()
         assert [(type(x), x.sample_index) for x in step2] == [(IndexedResult, 1), (IndexedDelta, 0), (IndexedDelta, 2)]
         assert [x.delta.token_ids for x in step2[1:]] == [[9], [9]]
+        assert split(step2) == ([step2[0]], step2[1:])
         for s in (0, 2):
             rec.add(IndexedResult(0, s, SeqResult(token_ids=[s, 9], logprobs=[-1.0] * 2, finish_reason="stop")))
         rec.finish()

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from rollout_service.api import pb
 from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
-from rollout_service.pool.requests import IndexedDelta, IndexedResult, Progress
+from rollout_service.pool.requests import IndexedResult, Progress, split
 from rollout_service.server.compat.routes import routes_raw_base64
 from rollout_service.server.compat.gateway import (
     MIN_LOGPROB,
@@ -186,15 +186,13 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_lo
             try:
                 async for batch in samples:           # what is new after an engine step: one write
                     out = []
-                    for item in batch:                # the samples that finished (they come first)
-                        if isinstance(item, IndexedDelta):
-                            continue
+                    finished, deltas = split(batch)
+                    for item in finished:
                         key = (item.prompt_index, item.sample_index)
                         progress.pop(key, None)
                         texts.pop(key, None)
                         text = await gw.in_tokenizer_thread(gw.decode, item.result.token_ids)
                         out.append(event(key, item.result, text))
-                    deltas = [i for i in batch if isinstance(i, IndexedDelta)]
                     steps = [(texts.setdefault((i.prompt_index, i.sample_index), StreamText(gw.decode)),
                               i.delta.token_ids) for i in deltas]
                     if steps:                         # one hop to the tokenizer thread per engine step

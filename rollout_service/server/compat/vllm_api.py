@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from rollout_service.api import pb
 from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
-from rollout_service.pool.requests import IndexedDelta, IndexedResult
+from rollout_service.pool.requests import IndexedResult, split
 from rollout_service.server.compat.routes import routes_npy_base64
 from rollout_service.server.compat.gateway import (
     MIN_LOGPROB,
@@ -308,10 +308,11 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
     def text_of(key) -> StreamText:
         return texts.setdefault(key, StreamText(gw.decode))
 
-    def delta_texts(parts: list[tuple[tuple[int, int], SeqResult]]) -> list[tuple[str, dict[int, str]]]:
+    def delta_texts(parts: list[IndexedResult]) -> list[tuple[str, dict[int, str]]]:
         """In the tokenizer thread: each delta's text piece and its tokens' names."""
-        return [w.decode([IndexedResult(*key, part)], [text_of(key).step(part.token_ids) if opts.text else ""])[0]
-                for key, part in parts]
+        pieces = [text_of((p.prompt_index, p.sample_index)).step(p.result.token_ids) if opts.text else ""
+                  for p in parts]
+        return w.decode(parts, pieces)
 
     offsets: dict[tuple[int, int], int] = {}         # a choice's next logprobs.text_offset
 
@@ -337,9 +338,8 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
             try:
                 async for batch in samples:           # what is new after an engine step: one write
                     out = []
-                    for item in batch:                # the samples that finished (they come first)
-                        if isinstance(item, IndexedDelta):
-                            continue
+                    finished, deltas = split(batch)
+                    for item in finished:
                         key = (item.prompt_index, item.sample_index)
                         first = key not in started
                         started.add(key)
@@ -355,19 +355,20 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
                         out.append(chunk(await w.choices([IndexedResult(*key, rest)], [piece]), first, key))
                         texts.pop(key, None)
                         offsets.pop(key, None)
-                    deltas = [i for i in batch if isinstance(i, IndexedDelta)]
-                    parts = [((i.prompt_index, i.sample_index),
-                              SeqResult(token_ids=i.delta.token_ids, logprobs=i.delta.logprobs, finish_reason=None,
-                                        policy_version=i.delta.version_spans[0][0],
-                                        version_spans=i.delta.version_spans, top_token_ids=i.delta.top_token_ids,
-                                        top_logprobs=i.delta.top_logprobs)) for i in deltas]
+                    parts = [IndexedResult(i.prompt_index, i.sample_index,
+                                           SeqResult(token_ids=i.delta.token_ids, logprobs=i.delta.logprobs,
+                                                     finish_reason=None, policy_version=i.delta.version_spans[0][0],
+                                                     version_spans=i.delta.version_spans,
+                                                     top_token_ids=i.delta.top_token_ids,
+                                                     top_logprobs=i.delta.top_logprobs)) for i in deltas]
                     # one hop to the tokenizer thread per engine step: every delta's text piece and names together
                     decoded = await gw.in_tokenizer_thread(delta_texts, parts) if parts else []
-                    for i, (key, part), (piece, names) in zip(deltas, parts, decoded):
+                    for i, part, (piece, names) in zip(deltas, parts, decoded):
+                        key = (i.prompt_index, i.sample_index)
                         first = key not in started
                         started.add(key)
                         sent[key] = i.delta.start + len(i.delta.token_ids)
-                        choice = w.choice(IndexedResult(*key, part), piece, names)
+                        choice = w.choice(part, piece, names)
                         choice.pop("weight_versions")
                         out.append(chunk([choice], first, key))
                     yield "".join(out)
