@@ -261,6 +261,27 @@ class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                      ) = msgspec.field(default_factory=lambda: list(SESSION_KEY_FROM))
 
 
+class ChatConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Chat for agents (rollout_service/chat/): how tool calls and reasoning are read from samples, with vLLM's own
+    parsers, as `vllm serve` configures them."""
+
+    tool_call_parser: option(str, "vLLM's tool-call parser (`vllm serve --tool-call-parser`: hermes, pythonic, "
+                                  "qwen3_xml, ...): tools in a chat request are rendered by the model's chat template "
+                                  "and the calls read from samples by it. `auto` = `hermes` where the model's chat "
+                                  "template is this service's (the embedded model, models it prepares), else none; "
+                                  "`none`: tool_choice auto / required / named are refused (400 / INVALID_ARGUMENT "
+                                  "naming tool_choice), as vLLM refuses them without the flag",
+                             "--tool-call-parser") = "auto"
+    enable_auto_tool_choice: option(bool, "vLLM's --enable-auto-tool-choice: tool_choice `auto` reads tool calls "
+                                          "with the tool-call parser (off: `auto` is refused as vLLM refuses it)",
+                                    "--enable-auto-tool-choice") = True
+    reasoning_parser: option(str, "vLLM's reasoning parser (`vllm serve --reasoning-parser`: qwen3, deepseek_r1, "
+                                  "...): a sample's reasoning is returned apart from its content "
+                                  "(reasoning_content, Sample.message.reasoning). `none` (default): reasoning stays "
+                                  "in the content; this service's template writes `<think>` blocks, which `qwen3` "
+                                  "reads", "--reasoning-parser") = "none"
+
+
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The whole server."""
 
@@ -298,6 +319,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                            "(GetStatus.durability)", "--state-dir", shown="`\"\"` = none") = ""
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     sessions: SessionConfig = msgspec.field(default_factory=SessionConfig)
+    chat: ChatConfig = msgspec.field(default_factory=ChatConfig)
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
 

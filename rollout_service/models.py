@@ -53,11 +53,12 @@ def is_model_dir(path: Path) -> bool:
 
 def prepare_default_model(force: bool = False) -> Path:
     """Convert the packaged GGUF into a bf16 Hugging Face directory vLLM serves (once; ~30 s)."""
+    from rollout_service.chat import template
+
     out = default_model_dir()
-    if is_model_dir(out) and not force:
-        return out
     with cache_lock(out):               # another process may be preparing it: wait for it, then use its result
         if is_model_dir(out) and not force:
+            template.install(out)       # prepared before the service had its tool-aware template
             return out
         return _convert_default_model(out)
 
@@ -68,7 +69,10 @@ def _convert_default_model(out: Path) -> Path:
 
     gguf = find_gguf()
     log.info("preparing %s from %s (about 30 s, once)", DEFAULT_MODEL_NAME, gguf)
+    from rollout_service.chat.template import TEMPLATE
+
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok.chat_template = TEMPLATE        # SmolLM2's ChatML, with tools and reasoning (chat/template.py)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     config = quantized.config
     if hasattr(config, "quantization_config"):

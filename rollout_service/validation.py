@@ -49,6 +49,7 @@ class CheckedRequest:
     session_id: str = ""          # routes the request to its session's engine (pool/sessions.py)
     policy: str = ""              # a LoRA adapter's name (GenerateRequest.policy); "" for the base policy
     policy_version: int = 0       # GenerateRequest.policy_version (0: the latest)
+    chats: list | None = None     # per prompt: its checked chat.request.ChatPrompt (Prompt.chat), else None
 
 
 def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
@@ -67,7 +68,9 @@ def session_id_problem(sid: str) -> str | None:
     return None
 
 
-def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) -> CheckedRequest:
+def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, parsing=None) -> CheckedRequest:
+    """parsing: the server's chat parsers (chat.parse.Parsing) for chat prompts; blocking with text or chat prompts
+    (the tokenizer and the chat template): call it in the tokenizer thread then."""
     rid = req.request_id
     if len(rid) > 128 or not all(32 < ord(c) < 127 for c in rid):
         raise invalid_field("request_id", "at most 128 printable ASCII characters without spaces")
@@ -143,10 +146,15 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
     prompts: list[list[int]] = []
     partials: list[Partial | None] = []
     text_prompts: set[int] = set()
+    chats: list = [None] * len(req.prompts)
+    schemas: list[str] = [""] * len(req.prompts)
     for i, p in enumerate(req.prompts):
-        if p.token_ids and p.text:
-            raise invalid_field(f"prompts[{i}]", "set either token_ids or text, not both")
-        if p.text:
+        if sum((bool(p.token_ids), bool(p.text), p.HasField("chat"))) > 1:
+            raise invalid_field(f"prompts[{i}]", "set exactly one of token_ids, text or chat")
+        if p.HasField("chat"):
+            chats[i], ids, schemas[i] = _chat(p.chat, f"prompts[{i}].chat.", model, parsing)
+            text_prompts.add(i)
+        elif p.text:
             ids = model.encode(p.text, chat=p.apply_chat_template)
             text_prompts.add(i)
         else:
@@ -180,13 +188,27 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits) ->
                     detokenize=bool(sp.stop) or req.return_text, top_logprobs=req.top_logprobs,
                     stream=req.stream_tokens, return_routed_experts=routes,
                     routes_from=partials[pi].routed_experts.end if partials[pi] and partials[pi].routed_experts
-                    else 0)
+                    else 0, structured_outputs=schemas[pi])
          for si in range(n)]
         for pi, ids in enumerate(prompts)
     ]
     fingerprint = hashlib.sha256(req.SerializeToString(deterministic=True)).digest()
     return CheckedRequest(rid, fingerprint, groups, prompts, text_prompts, partials, req.return_partial, sid,
-                          req.policy, req.policy_version)
+                          req.policy, req.policy_version, chats if any(chats) else None)
+
+
+def _chat(chat: pb.ChatPrompt, where: str, model: ModelInfo, parsing):
+    """A chat prompt -> (checked ChatPrompt, its token ids, what constrains its sampling as vLLM constrains it for its
+    tool choice (Parsing.constraint), or "")."""
+    from rollout_service.chat.parse import Parsing
+    from rollout_service.chat.render import render
+    from rollout_service.chat.request import from_proto
+
+    parsing = parsing or Parsing(model.tokenizer)
+    prompt = from_proto(chat, where)
+    parsing.check(prompt, where)
+    ids, _ = render(model.tokenizer, prompt, where)
+    return prompt, ids, parsing.constraint(prompt)
 
 
 def _partial(where: str, p: pb.PartialSample, k: int, max_tokens: int, vocab_size: int) -> Partial:

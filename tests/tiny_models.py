@@ -26,7 +26,10 @@ def build_tiny_model(out: Path, *, layers: int = 2, hidden: int = 128, seed: int
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from rollout_service.chat.template import TEMPLATE
+
     tok = _tokenizer(tokenizer_from)
+    tok.chat_template = TEMPLATE            # the service's tool-aware ChatML (chat/template.py)
     config = LlamaConfig(
         vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
         # head_dim 64: vLLM's CPU attention needs >= 32

@@ -31,6 +31,9 @@ class SeqRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     lora_id: int = 0
     lora_path: str = ""
     adapter_version: int = 0
+    # a chat prompt's tool_choice "required" or a named function: sampling constrained as vLLM's chat endpoint
+    # constrains it (vLLM's StructuredOutputsParams fields as JSON text: a structural tag or a JSON schema); "": none
+    structured_outputs: str = ""
 
 
 class Routes(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

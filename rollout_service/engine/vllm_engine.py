@@ -187,7 +187,7 @@ class VllmEngine(Engine):
         log.info("%s: ready", self.id)
 
     def _sampling_params(self, req: SeqRequest):
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         return SamplingParams(
             n=1,
@@ -205,6 +205,8 @@ class VllmEngine(Engine):
             logprobs=req.top_logprobs,
             output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
             routed_experts_prompt_start=req.routes_from,
+            structured_outputs=StructuredOutputsParams(**json.loads(req.structured_outputs))
+            if req.structured_outputs else None,
         )
 
     async def generate(self, req: SeqRequest, on_delta=None) -> SeqResult:

@@ -17,10 +17,11 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from rollout_service.api import pb
-from rollout_service.config import ServerConfig
+from rollout_service.config import ConfigError, ServerConfig
 from rollout_service.engine import forkserver, lifeline
 from rollout_service.engine.base import Engine
 from rollout_service.engine.quantize import describe
+from rollout_service.chat.parse import Parsing
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
 from rollout_service.pool.scaling import Scaler
@@ -90,6 +91,16 @@ def weights_roots(cfg: ServerConfig) -> list[str]:
     return list(cfg.security.weights_roots) or [str(cache_dir())]
 
 
+def chat_parsing(cfg: ServerConfig, model: ModelInfo) -> Parsing:
+    """The chat parsers the config names (ConfigError naming the flag where vLLM has no such parser, or the model's
+    tokenizer lacks what it needs)."""
+    try:
+        return Parsing.configured(cfg.chat.tool_call_parser, cfg.chat.reasoning_parser, model.tokenizer,
+                                  cfg.chat.enable_auto_tool_choice)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 class RolloutServer:
     def __init__(self, cfg: ServerConfig, model: ModelInfo, factory: Callable[[str], Engine]):
         self.cfg = cfg
@@ -114,7 +125,7 @@ class RolloutServer:
         self.transfer = WeightTransfer.from_config(self.weights, transfer_backend_of(cfg), cfg)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,
                                         max_streams_per_client=cfg.max_streams_per_client, creds=self.creds,
-                                        transfer=self.transfer)
+                                        transfer=self.transfer, parsing=chat_parsing(cfg, model))
         self.servicer.precision = describe(cfg.engine.quantization, serving_dtype(cfg, model.path),
                                            sp.quantization if drafter and sp.method == "draft_model" else "",
                                            cfg.engine.batch_invariant)

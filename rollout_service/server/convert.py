@@ -44,6 +44,17 @@ def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: boo
     )
 
 
+def message_to_proto(m) -> pb.AssistantMessage:
+    """chat.parse.Message -> AssistantMessage."""
+    out = pb.AssistantMessage(tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                                          for c in m.tool_calls])
+    if m.content is not None:
+        out.content = m.content
+    if m.reasoning is not None:
+        out.reasoning = m.reasoning
+    return out
+
+
 def routes_to_proto(r: Routes | None) -> pb.RoutedExperts | None:
     if r is None:
         return None

@@ -15,9 +15,9 @@ from rollout_service.pool.requests import IndexedDelta, RequestRecord
 from rollout_service.pool.scaling import Scaler
 from rollout_service.server.auth import Credentials, caller_id, check_scope, tenant_of
 from rollout_service.server.service import TOKENIZER, RolloutService
-from rollout_service.server.convert import (delta_to_proto, group_to_proto, header_from_proto, metas_from_proto,
-                                            push_items, push_result_to_proto, sample_to_proto, status_to_proto,
-                                            target_and_mode)
+from rollout_service.server.convert import (delta_to_proto, group_to_proto, header_from_proto,
+                                            message_to_proto, metas_from_proto, push_items, push_result_to_proto,
+                                            sample_to_proto, status_to_proto, target_and_mode)
 from rollout_service.validation import CheckedRequest, Limits
 from rollout_service.weights.service import WeightService
 from rollout_service.weights.transfer import WeightTransfer
@@ -29,7 +29,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
                  speculation: SpeculationConfig | None = None, scaler: Scaler | None = None, *,
                  max_streams_per_client: int = 64, creds: Credentials | None = None,
-                 transfer: WeightTransfer | None = None):
+                 transfer: WeightTransfer | None = None, parsing=None):
         self.speculation = speculation or SpeculationConfig()
         self.precision: dict = {}          # Status.quantization (engine/quantize.py describe); set by the server
         self.scaler = scaler
@@ -42,7 +42,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.limits = limits
         self.weights = weights
         self.transfer = transfer or WeightTransfer(weights, "none", 120.0)
-        self.service = RolloutService(pool, model, limits, weights, self.transfer)   # what the HTTP dialects call
+        # what the HTTP dialects call
+        self.service = RolloutService(pool, model, limits, weights, self.transfer, parsing)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         caller = caller_id(context, self.creds)
@@ -89,6 +90,11 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                         TOKENIZER, self.model.decode, item.result.token_ids)
                 msg = sample_to_proto(item, checked.prompt_token_ids[p], send_prompt, request.return_text)
                 msg.policy = checked.policy
+                if checked.chats and checked.chats[p] is not None:     # read by the tool and reasoning parsers
+                    message = await asyncio.get_running_loop().run_in_executor(
+                        TOKENIZER, self.service.parsing.parse, checked.chats[p], item.result.token_ids,
+                        checked.prompt_token_ids[p])
+                    msg.message.CopyFrom(message_to_proto(message))
                 yield msg
         except ServiceError as e:
             code = e.code
@@ -99,6 +105,24 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         finally:
             self.pool.detach(record)
             self.pool.telemetry.m_requests.labels(code.name).inc()
+
+    async def Render(self, request: pb.RenderRequest, context: grpc.aio.ServicerContext) -> pb.RenderResult:
+        check_scope(tenant_of(context, self.creds), None, "", "sample")
+        try:
+            ids, num_prefix, text = await asyncio.get_running_loop().run_in_executor(
+                TOKENIZER, self.service.render, request.chat, request.return_text)
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return pb.RenderResult(token_ids=ids, num_prefix_tokens=num_prefix, text=text)
+
+    async def Parse(self, request: pb.ParseRequest, context: grpc.aio.ServicerContext) -> pb.AssistantMessage:
+        check_scope(tenant_of(context, self.creds), None, "", "sample")
+        try:
+            message = await asyncio.get_running_loop().run_in_executor(
+                TOKENIZER, self.service.parse, list(request.token_ids), request.chat, list(request.prompt_token_ids))
+        except ServiceError as e:
+            await context.abort(e.code, e.message)
+        return message_to_proto(message)
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
         await self.pool.refresh_k_control(0.5)          # the k controller's state as of now, not of the last second

@@ -11,6 +11,7 @@ import grpc
 import msgspec
 
 from rollout_service.api import pb
+from rollout_service.chat.parse import Parsing
 from rollout_service.errors import ServiceError, about_field
 from rollout_service.model_info import ModelInfo
 from rollout_service.pool.pool import EnginePool
@@ -25,8 +26,9 @@ HEAVY_REQUEST_BYTES = 256 << 10      # checked in TOKENIZER's thread above this 
 
 class RolloutService:
     def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
-                 transfer: WeightTransfer):
+                 transfer: WeightTransfer, parsing: Parsing | None = None):
         self.pool = pool
+        self.parsing = parsing or Parsing(model.tokenizer)     # chat: the tool-call and reasoning parsers
         self.model = model
         self.limits = limits
         self.weights = weights
@@ -40,13 +42,13 @@ class RolloutService:
 
         tenant = tenant or CALLER_TENANT.get()
         check_scope(tenant, None, request.policy, "sample")
-        if any(p.text for p in request.prompts) or request.ByteSize() > HEAVY_REQUEST_BYTES:
+        if any(p.text or p.HasField("chat") for p in request.prompts) or request.ByteSize() > HEAVY_REQUEST_BYTES:
             # tokenising text (chat templates) and hashing a large request take milliseconds to seconds:
             # not on the event loop. One thread: a Hugging Face tokenizer is not safe to share across threads.
             checked = await asyncio.get_running_loop().run_in_executor(
-                TOKENIZER, check_generate, request, self.model, self.limits)
+                TOKENIZER, check_generate, request, self.model, self.limits, self.parsing)
         else:
-            checked = check_generate(request, self.model, self.limits)
+            checked = check_generate(request, self.model, self.limits, self.parsing)
         if checked.policy:
             self._on_adapter(checked, request.min_policy_version)
         else:
@@ -65,6 +67,30 @@ class RolloutService:
                                          return_partial=checked.return_partial,
                                          tenant=tenant.name if tenant else "",
                                          quota=tenant.max_sequences if tenant else 0)
+
+    def render(self, chat: pb.ChatPrompt, with_text: bool = False, where: str = "chat.") -> tuple[list[int], int, str]:
+        """Render (and the vLLM dialect's render endpoint): a chat prompt's token ids, how many lead from its prefix,
+        and (with_text) their text. Blocking: the tokenizer thread."""
+        from rollout_service.chat.render import render
+        from rollout_service.chat.request import from_proto
+
+        prompt = from_proto(chat, where)
+        self.parsing.check(prompt, where)
+        ids, num_prefix = render(self.model.tokenizer, prompt, where)
+        text = self.model.tokenizer.decode(ids, skip_special_tokens=False) if with_text else ""
+        return ids, num_prefix, text
+
+    def parse(self, token_ids: list[int], chat: pb.ChatPrompt, prompt_ids: list[int], where: str = "chat."):
+        """Parse: generated token ids -> chat.parse.Message. Blocking: the tokenizer thread."""
+        from rollout_service.chat.request import from_proto
+        from rollout_service.errors import invalid_field
+
+        bad = next((t for t in token_ids if not 0 <= t < self.model.vocab_size), None)
+        if bad is not None:
+            raise invalid_field("token_ids", f"{bad} is outside the vocabulary [0, {self.model.vocab_size})")
+        prompt = from_proto(chat, where, allow_empty=True)
+        self.parsing.check(prompt, where)
+        return self.parsing.parse(prompt, token_ids, prompt_ids)
 
     async def unload_adapter(self, name: str) -> pb.AdapterStatus:
         """UnloadAdapter (and the vLLM dialect's /v1/unload_lora_adapter): no new request may name it; its versions

@@ -55,17 +55,89 @@ ENGINE_STATE_PAUSED: EngineState
 ENGINE_STATE_UNHEALTHY: EngineState
 ENGINE_STATE_STOPPED: EngineState
 
+class ChatPrompt(_message.Message):
+    __slots__ = ("messages", "tools", "tool_choice", "chat_template_kwargs", "continue_final_message", "no_generation_prompt", "prefix_token_ids", "num_prefix_messages", "exclude_reasoning")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NO_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFIX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_REASONING_FIELD_NUMBER: _ClassVar[int]
+    messages: str
+    tools: str
+    tool_choice: str
+    chat_template_kwargs: str
+    continue_final_message: bool
+    no_generation_prompt: bool
+    prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_prefix_messages: int
+    exclude_reasoning: bool
+    def __init__(self, messages: _Optional[str] = ..., tools: _Optional[str] = ..., tool_choice: _Optional[str] = ..., chat_template_kwargs: _Optional[str] = ..., continue_final_message: _Optional[bool] = ..., no_generation_prompt: _Optional[bool] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., num_prefix_messages: _Optional[int] = ..., exclude_reasoning: _Optional[bool] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class AssistantMessage(_message.Message):
+    __slots__ = ("content", "reasoning", "tool_calls")
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    content: str
+    reasoning: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, content: _Optional[str] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+
+class RenderRequest(_message.Message):
+    __slots__ = ("chat", "return_text")
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TEXT_FIELD_NUMBER: _ClassVar[int]
+    chat: ChatPrompt
+    return_text: bool
+    def __init__(self, chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., return_text: _Optional[bool] = ...) -> None: ...
+
+class RenderResult(_message.Message):
+    __slots__ = ("token_ids", "num_prefix_tokens", "text")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_prefix_tokens: int
+    text: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., num_prefix_tokens: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ParseRequest(_message.Message):
+    __slots__ = ("token_ids", "chat", "prompt_token_ids")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    chat: ChatPrompt
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class Prompt(_message.Message):
-    __slots__ = ("token_ids", "text", "apply_chat_template", "partial")
+    __slots__ = ("token_ids", "text", "apply_chat_template", "partial", "chat")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     APPLY_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     apply_chat_template: bool
     partial: PartialSample
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., apply_chat_template: _Optional[bool] = ..., partial: _Optional[_Union[PartialSample, _Mapping]] = ...) -> None: ...
+    chat: ChatPrompt
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., apply_chat_template: _Optional[bool] = ..., partial: _Optional[_Union[PartialSample, _Mapping]] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ...) -> None: ...
 
 class PartialSample(_message.Message):
     __slots__ = ("token_ids", "logprobs", "version_spans", "top_token_ids", "top_logprobs", "routed_experts", "policy")
@@ -158,7 +230,7 @@ class VersionSpan(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., first_token: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("prompt_index", "sample_index", "token_ids", "logprobs", "finish_reason", "stop_string", "policy_version", "version_spans", "draft_version", "num_drafted", "num_accepted", "text", "num_prompt_tokens", "prompt_token_ids", "top_token_ids", "top_logprobs", "delta", "delta_start", "num_cached_tokens", "routed_experts", "policy")
+    __slots__ = ("prompt_index", "sample_index", "token_ids", "logprobs", "finish_reason", "stop_string", "policy_version", "version_spans", "draft_version", "num_drafted", "num_accepted", "text", "num_prompt_tokens", "prompt_token_ids", "top_token_ids", "top_logprobs", "delta", "delta_start", "num_cached_tokens", "routed_experts", "policy", "message")
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +252,7 @@ class Sample(_message.Message):
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     prompt_index: int
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -201,7 +274,8 @@ class Sample(_message.Message):
     num_cached_tokens: int
     routed_experts: RoutedExperts
     policy: str
-    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., delta: _Optional[bool] = ..., delta_start: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., policy: _Optional[str] = ...) -> None: ...
+    message: AssistantMessage
+    def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., delta: _Optional[bool] = ..., delta_start: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., policy: _Optional[str] = ..., message: _Optional[_Union[AssistantMessage, _Mapping]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("version", "target", "total_bytes", "sha256", "in_flight", "partial", "adapter", "adapter_config")

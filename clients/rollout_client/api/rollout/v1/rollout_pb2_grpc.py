@@ -91,6 +91,16 @@ class RolloutServiceStub:
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_rollout__pb2.AdapterStatus.FromString,
                 _registered_method=True)
+        self.Render = channel.unary_unary(
+                '/rollout.v1.RolloutService/Render',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.RenderRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.RenderResult.FromString,
+                _registered_method=True)
+        self.Parse = channel.unary_unary(
+                '/rollout.v1.RolloutService/Parse',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.ParseRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AssistantMessage.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -194,6 +204,23 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Render(self, request, context):
+        """Renders a chat prompt into the token ids Generate would sample after (the served model's chat template, tools
+        included; with prefix_token_ids, the exact continuation of an episode): what vLLM's render endpoint answers.
+        Nothing is sampled. Errors as Generate's for the same prompt (INVALID_ARGUMENT naming chat.messages[i]...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Parse(self, request, context):
+        """Reads generated token ids back as an assistant message (content, reasoning, tool calls) with the server's tool
+        and reasoning parsers, exactly as a chat prompt's samples are read (Sample.message).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +273,16 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.UnloadAdapter,
                     request_deserializer=rollout_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_rollout__pb2.AdapterStatus.SerializeToString,
+            ),
+            'Render': grpc.unary_unary_rpc_method_handler(
+                    servicer.Render,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.RenderRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.RenderResult.SerializeToString,
+            ),
+            'Parse': grpc.unary_unary_rpc_method_handler(
+                    servicer.Parse,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.ParseRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AssistantMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -525,6 +562,60 @@ class RolloutService:
             '/rollout.v1.RolloutService/UnloadAdapter',
             rollout_dot_v1_dot_rollout__pb2.UnloadAdapterRequest.SerializeToString,
             rollout_dot_v1_dot_rollout__pb2.AdapterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Render(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/Render',
+            rollout_dot_v1_dot_rollout__pb2.RenderRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.RenderResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Parse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/Parse',
+            rollout_dot_v1_dot_rollout__pb2.ParseRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.AssistantMessage.FromString,
             options,
             channel_credentials,
             insecure,
