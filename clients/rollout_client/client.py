@@ -6,7 +6,7 @@ from typing import AsyncIterator, Iterator
 import grpc
 
 from rollout_client.connection import Auth, open_channel
-from rollout_client.types import PushResult, Sample, build_request
+from rollout_client.types import AssistantMessage, PushResult, Sample, build_request
 from rollout_client.weights import PACK_BYTES, peft_adapter, push_stream
 from rollout_client.wire import MODES, TARGETS
 from rollout_client.api import pb, pb_grpc
@@ -48,6 +48,31 @@ class RolloutClient:
             if not s.delta:
                 out[s.prompt_index][s.sample_index] = s
         return out  # type: ignore[return-value]
+
+    def chat_step(self, episodes, **kwargs) -> list:
+        """One turn of every unfinished episode (rollout_client.Episode): one Generate, one chat prompt per episode
+        with its exact tokens so far; each episode records its sample. Returns the episodes that ran. kwargs: see
+        build_request (max_tokens, temperature, ...; n is 1)."""
+        live = [e for e in episodes if not e.done]
+        if live:
+            kwargs.setdefault("session_id", live[0].session_id)
+            for s in self.generate([e.prompt() for e in live], n=1, **kwargs):
+                if not s.delta:
+                    live[s.prompt_index].record(s)
+        return live
+
+    def render(self, episode_or_chat, *, return_text: bool = False, timeout: float | None = None) -> pb.RenderResult:
+        """The token ids the server renders a chat prompt into (an Episode's next prompt, or a pb.ChatPrompt)."""
+        chat = episode_or_chat.prompt().chat if hasattr(episode_or_chat, "prompt") else episode_or_chat
+        return self.stub.Render(pb.RenderRequest(chat=chat, return_text=return_text), timeout=timeout,
+                                metadata=self.auth.data())
+
+    def parse(self, token_ids, chat: pb.ChatPrompt | None = None, *, prompt_token_ids=(),
+              timeout: float | None = None) -> AssistantMessage:
+        """Generated token ids -> the assistant message the server's parsers read (chat: its tools and tool_choice)."""
+        req = pb.ParseRequest(token_ids=[int(t) for t in token_ids], chat=chat or pb.ChatPrompt(),
+                              prompt_token_ids=[int(t) for t in prompt_token_ids])
+        return AssistantMessage.from_proto(self.stub.Parse(req, timeout=timeout, metadata=self.auth.data()))
 
     def status(self, timeout: float | None = 10.0) -> pb.Status:
         return self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout, metadata=self.auth.data())
@@ -149,6 +174,28 @@ class AsyncRolloutClient:
             if not s.delta:
                 out[s.prompt_index][s.sample_index] = s
         return out  # type: ignore[return-value]
+
+    async def chat_step(self, episodes, **kwargs) -> list:
+        """RolloutClient.chat_step on asyncio."""
+        live = [e for e in episodes if not e.done]
+        if live:
+            kwargs.setdefault("session_id", live[0].session_id)
+            async for s in self.generate([e.prompt() for e in live], n=1, **kwargs):
+                if not s.delta:
+                    live[s.prompt_index].record(s)
+        return live
+
+    async def render(self, episode_or_chat, *, return_text: bool = False,
+                     timeout: float | None = None) -> pb.RenderResult:
+        chat = episode_or_chat.prompt().chat if hasattr(episode_or_chat, "prompt") else episode_or_chat
+        return await self.stub.Render(pb.RenderRequest(chat=chat, return_text=return_text), timeout=timeout,
+                                      metadata=self.auth.data())
+
+    async def parse(self, token_ids, chat: pb.ChatPrompt | None = None, *, prompt_token_ids=(),
+                    timeout: float | None = None) -> AssistantMessage:
+        req = pb.ParseRequest(token_ids=[int(t) for t in token_ids], chat=chat or pb.ChatPrompt(),
+                              prompt_token_ids=[int(t) for t in prompt_token_ids])
+        return AssistantMessage.from_proto(await self.stub.Parse(req, timeout=timeout, metadata=self.auth.data()))
 
     async def status(self, timeout: float | None = 10.0) -> pb.Status:
         return await self.stub.GetStatus(pb.GetStatusRequest(), timeout=timeout, metadata=self.auth.data())

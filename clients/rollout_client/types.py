@@ -34,6 +34,7 @@ class Sample:
     num_cached_tokens: int = 0       # prompt tokens the engine found in its prefix cache (session_id: earlier turns)
     routed_experts: "RoutedExperts | None" = field(default=None)   # return_routed_experts: an MoE policy's routes
     policy: str = ""                 # the LoRA adapter that generated it ("" for the base policy)
+    message: "AssistantMessage | None" = field(default=None)   # a chat prompt's sample, read by the server's parsers
 
     @classmethod
     def from_proto(cls, m: pb.Sample) -> "Sample":
@@ -53,7 +54,40 @@ class Sample:
             delta=m.delta, delta_start=m.delta_start, num_cached_tokens=m.num_cached_tokens,
             routed_experts=RoutedExperts.from_proto(m.routed_experts) if m.HasField("routed_experts") else None,
             policy=m.policy,
+            message=AssistantMessage.from_proto(m.message) if m.HasField("message") else None,
         )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the server's tool-call parser read from a sample."""
+    id: str
+    name: str
+    arguments: str                   # JSON text
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    """The assistant message read from a chat sample (or by Parse): content, reasoning, tool calls."""
+    content: str | None
+    reasoning: str | None
+    tool_calls: tuple[ToolCall, ...]
+
+    @classmethod
+    def from_proto(cls, m: pb.AssistantMessage) -> "AssistantMessage":
+        return cls(m.content if m.HasField("content") else None, m.reasoning if m.HasField("reasoning") else None,
+                   tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls))
+
+    def openai(self) -> dict:
+        """As an OpenAI chat message (the next turn's history)."""
+        msg: dict = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:
+            msg["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
+                                                                               "arguments": c.arguments}}
+                                 for c in self.tool_calls]
+        return msg
 
 
 @dataclass(frozen=True)
@@ -88,7 +122,8 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
                   return_partial: bool = False, partials=None, session_id: str = "",
                   return_routed_experts: bool = False, policy: str = "",
                   policy_version: int = 0) -> pb.GenerateRequest:
-    """prompts: a list whose items are token-id sequences (list/array of ints) or strings. top_logprobs: k most
+    """prompts: a list whose items are token-id sequences (list/array of ints), strings, or pb.Prompt messages (a chat
+    prompt: rollout_client.Episode.prompt()). top_logprobs: k most
     likely tokens per position (Sample.top_token_ids / top_logprobs). stream_tokens: also yield each sample's new
     tokens as they are produced (Sample.delta), before the whole sample. return_partial: a sample aborted by a
     weight push or pause in abort mode comes back as it stands (finish_reason "abort") instead of the request
@@ -103,7 +138,9 @@ def build_request(prompts, *, n: int = 1, temperature: float | None = None, top_
                          f"{len(prompts)} prompts")
     items = []
     for i, p in enumerate(prompts):
-        if isinstance(p, str):
+        if isinstance(p, pb.Prompt):
+            items.append(p)
+        elif isinstance(p, str):
             items.append(pb.Prompt(text=p, apply_chat_template=chat))
         else:
             items.append(pb.Prompt(token_ids=[int(t) for t in p]))
