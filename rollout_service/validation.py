@@ -68,9 +68,12 @@ def session_id_problem(sid: str) -> str | None:
     return None
 
 
-def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, parsing=None) -> CheckedRequest:
+def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, parsing=None,
+                   fill_context: bool = False) -> CheckedRequest:
     """parsing: the server's chat parsers (chat.parse.Parsing) for chat prompts; blocking with text or chat prompts
-    (the tokenizer and the chat template): call it in the tokenizer thread then."""
+    (the tokenizer and the chat template): call it in the tokenizer thread then. fill_context: an unset
+    sampling.max_tokens means up to the context length (the server's max_new_tokens at most), per prompt, as vLLM's
+    chat endpoint reads a missing max_tokens (the vLLM dialect's chat)."""
     rid = req.request_id
     if len(rid) > 128 or not all(32 < ord(c) < 127 for c in rid):
         raise invalid_field("request_id", "at most 128 printable ASCII characters without spaces")
@@ -93,6 +96,7 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, pa
     temperature = sp.temperature if sp.HasField("temperature") else 1.0
     top_p = sp.top_p if sp.HasField("top_p") else 1.0
     top_k = sp.top_k if sp.HasField("top_k") else 0
+    fill_context = fill_context and not sp.HasField("max_tokens")
     max_tokens = sp.max_tokens if sp.HasField("max_tokens") else DEFAULT_MAX_TOKENS
     # vLLM's ranges (vllm/sampling_params.py, checked before admission so the engine never refuses them)
     if not 0 <= temperature <= MAX_TEMPERATURE:          # also NaN and +-inf
@@ -147,6 +151,7 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, pa
     partials: list[Partial | None] = []
     text_prompts: set[int] = set()
     chats: list = [None] * len(req.prompts)
+    budgets: list[int] = []                # per prompt, with fill_context
     schemas: list[str] = [""] * len(req.prompts)
     for i, p in enumerate(req.prompts):
         if sum((bool(p.token_ids), bool(p.text), p.HasField("chat"))) > 1:
@@ -164,6 +169,10 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, pa
         bad = next((t for t in ids if not 0 <= t < model.vocab_size), None)
         if bad is not None:
             raise invalid_field(f"prompts[{i}].token_ids", f"{bad} is outside the vocabulary [0, {model.vocab_size})")
+        if fill_context:
+            room = model.max_model_len - len(ids)
+            max_tokens = max(1, min(room, limits.max_new_tokens) if limits.max_new_tokens else room)
+            budgets.append(max_tokens)
         if len(ids) + max_tokens > model.max_model_len:
             raise invalid_field(f"prompts[{i}]", f"{len(ids)} prompt tokens + ", Name("sampling.max_tokens"),
                                     f"={max_tokens} exceed the context length {model.max_model_len}; shorten "
@@ -182,7 +191,7 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, pa
         [SeqRequest(seq_id=f"{base}-{uuid.uuid4().hex[:8]}-{pi}-{si}",
                     prompt_token_ids=ids + partials[pi].token_ids if partials[pi] else ids,
                     temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                    max_tokens=max_tokens - len(partials[pi]) if partials[pi] else max_tokens,
+                    max_tokens=(budgets[pi] if budgets else max_tokens) - (len(partials[pi]) if partials[pi] else 0),
                     stop=list(sp.stop), stop_token_ids=list(sp.stop_token_ids),
                     seed=None if seed is None else sample_seed(seed, pi, si), ignore_eos=sp.ignore_eos,
                     detokenize=bool(sp.stop) or req.return_text, top_logprobs=req.top_logprobs,

@@ -47,6 +47,8 @@ class Parsing:
         self.tokenizer = tokenizer
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self.auto_tool_choice = True
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos = {eos} if isinstance(eos, int) else set(eos or ())
         self.cls = None
         if tool_parser or reasoning_parser:
             from vllm.parser.parser_manager import ParserManager
@@ -111,15 +113,18 @@ class Parsing:
                         chat_template_kwargs=prompt.template_kwargs)
 
     def text(self, prompt: ChatPrompt, token_ids: list[int]) -> str:
-        """A sample's text as the parsers read it (special tokens kept where a tool parser asks: hermes does)."""
+        """A sample's text as the parsers read it: special tokens kept where a tool parser asks (hermes does), the
+        end-of-sequence token that ended it left out (vLLM's detokenizer never decodes it)."""
         keep = self.cls is not None and prompt.tools is not None and prompt.tool_choice != "none"
+        if token_ids and token_ids[-1] in self.eos:
+            token_ids = token_ids[:-1]
         return self.tokenizer.decode(token_ids, skip_special_tokens=prompt.skip_special_tokens and not keep)
 
     def parse(self, prompt: ChatPrompt, token_ids: list[int], prompt_ids: list[int]) -> Message:
         """A whole sample as vLLM's chat serving reads it (chat_completion_full_generator)."""
         text = self.text(prompt, token_ids)
         if self.cls is None:
-            return Message(content=self.tokenizer.decode(token_ids, skip_special_tokens=prompt.skip_special_tokens))
+            return Message(content=text)
         request = vllm_request(prompt.raw)
         parser = self.parser(prompt)
         request = parser.adjust_request(request)

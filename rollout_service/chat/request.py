@@ -113,9 +113,10 @@ def _arguments(fn: dict) -> dict:
     return {}
 
 
-def conversation(messages: list, where: str = "") -> list[dict]:
+def conversation(messages: list, where: str = "", answered: bool = True) -> list[dict]:
     """The messages as a chat template reads them; INVALID_ARGUMENT naming the message at fault: an unknown role,
-    non-text content, a tool call that is not a function, a tool message whose tool_call_id answers no earlier call."""
+    non-text content, a tool call that is not a function, a tool message whose tool_call_id answers no earlier call
+    (answered=False: any tool_call_id, for rendering pieces of a conversation: /tokenize)."""
     out: list[dict] = []
     calls: set[str] = set()
     for i, m in enumerate(messages):
@@ -155,7 +156,7 @@ def conversation(messages: list, where: str = "") -> list[dict]:
             if not isinstance(cid, str) or not cid:
                 raise _bad(where, f"{at}.tool_call_id", "required: the id of the assistant's tool call this message "
                                                         "answers")
-            if cid not in calls:
+            if answered and cid not in calls:
                 raise _bad(where, f"{at}.tool_call_id", f"{cid!r} answers no tool call of an earlier assistant "
                                                         "message (each tool message follows the call it answers)")
             msg["tool_call_id"] = cid
@@ -164,7 +165,7 @@ def conversation(messages: list, where: str = "") -> list[dict]:
 
 
 def check_chat(body: dict, where: str = "", prefix_token_ids: list[int] | None = None,
-               num_prefix_messages: int = 0) -> ChatPrompt:
+               num_prefix_messages: int = 0, answered: bool = True) -> ChatPrompt:
     """A chat prompt from OpenAI chat fields (messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs,
     reasoning_effort, add_generation_prompt, continue_final_message, include_reasoning, skip_special_tokens)."""
     messages = body.get("messages")
@@ -181,7 +182,7 @@ def check_chat(body: dict, where: str = "", prefix_token_ids: list[int] | None =
     effort = body.get("reasoning_effort")
     if effort is not None:                     # as vLLM: a template argument
         kwargs = {"reasoning_effort": effort} | kwargs
-    conv = conversation(messages, where)       # our rules first: a clear field name for the common mistakes
+    conv = conversation(messages, where, answered)       # our rules first: a clear field name for the common mistakes
     req = vllm_request(raw, where)
     if req.continue_final_message and conv[-1]["role"] != "assistant":
         raise _bad(where, "continue_final_message", "the last message must be an assistant message to continue")

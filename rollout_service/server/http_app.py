@@ -62,11 +62,12 @@ def build_http_app(servicer, creds=None, session_key_from=None, tokens_as_ids: b
     app.include_router(router)
     # vLLM's and SGLang's HTTP dialects, translated onto the same pool (server/compat/, docs/http-dialects.md)
     from rollout_service.server.compat.gateway import Gateway
-    from rollout_service.server.compat import sglang_api, vllm_api, vllm_extras
+    from rollout_service.server.compat import sglang_api, vllm_api, vllm_chat, vllm_extras
 
     # the service layer, as gRPC calls it
     app.state.gateway = Gateway(servicer.service, session_key_from, tokens_as_ids)
     app.include_router(vllm_api.router)
+    app.include_router(vllm_chat.router)
     app.include_router(vllm_extras.router)
     app.include_router(sglang_api.router)
     return app

@@ -28,16 +28,18 @@ class RolloutService:
     def __init__(self, pool: EnginePool, model: ModelInfo, limits: Limits, weights: WeightService,
                  transfer: WeightTransfer, parsing: Parsing | None = None):
         self.pool = pool
-        self.parsing = parsing or Parsing(model.tokenizer)     # chat: the tool-call and reasoning parsers
+        self.parsing = parsing or Parsing(getattr(model, "tokenizer", None))   # chat: tool-call and reasoning parsers
         self.model = model
         self.limits = limits
         self.weights = weights
         self.transfer = transfer
 
-    async def admit(self, request: pb.GenerateRequest, tenant=None) -> tuple[CheckedRequest, RequestRecord]:
+    async def admit(self, request: pb.GenerateRequest, tenant=None, fill_context: bool = False
+                    ) -> tuple[CheckedRequest, RequestRecord]:
         """Check a request and admit it to the pool (or find the record it retries): the one admission path,
         shared by Generate and the HTTP dialects. tenant: the caller's (auth.Tenant; its scope was checked, its
-        quota and fair share apply here; None: the HTTP request's, auth.CALLER_TENANT). Raises ServiceError."""
+        quota and fair share apply here; None: the HTTP request's, auth.CALLER_TENANT). fill_context: see
+        check_generate. Raises ServiceError."""
         from rollout_service.server.auth import CALLER_TENANT, check_scope
 
         tenant = tenant or CALLER_TENANT.get()
@@ -46,9 +48,9 @@ class RolloutService:
             # tokenising text (chat templates) and hashing a large request take milliseconds to seconds:
             # not on the event loop. One thread: a Hugging Face tokenizer is not safe to share across threads.
             checked = await asyncio.get_running_loop().run_in_executor(
-                TOKENIZER, check_generate, request, self.model, self.limits, self.parsing)
+                TOKENIZER, check_generate, request, self.model, self.limits, self.parsing, fill_context)
         else:
-            checked = check_generate(request, self.model, self.limits, self.parsing)
+            checked = check_generate(request, self.model, self.limits, self.parsing, fill_context)
         if checked.policy:
             self._on_adapter(checked, request.min_policy_version)
         else:

@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 
 # Session services that several modules share but not the whole session: each is stopped after the last test (of those
 # selected, in their order) that uses it, not at the session's end, so that it does not sit idle beside later services.
-STOPPED_AFTER_LAST_USER = ("spec_service",)
+STOPPED_AFTER_LAST_USER = ("spec_service", "tool_service")
 _last_user: dict[str, str] = {}                 # fixture name -> node id of the last test that uses it
 _stoppers: dict[str, contextlib.ExitStack] = {}  # fixture name -> what stops it, while it runs
 
@@ -232,3 +232,23 @@ def spec_service(tiny_model, tmp_path_factory):
         _stoppers["spec_service"] = stack
         yield SpecService(svc, c, identical)
         _stoppers.pop("spec_service", None)
+
+
+@pytest.fixture(scope="session")
+def tool_model(tmp_path_factory) -> Path:
+    """A tiny model trained (seconds) to call the calculator tool on TOOL_PROBLEMS and answer after its result: real
+    engine output with real tool calls (tests/tiny_models.py build_tiny_tool_model)."""
+    from tests.tiny_models import build_tiny_tool_model
+
+    return build_tiny_tool_model(tmp_path_factory.mktemp("models") / "tiny-tools")
+
+
+@pytest.fixture(scope="session")
+def tool_service(tool_model, tmp_path_factory):
+    """A service on the tool model (tools parsed by vLLM's hermes parser: --tool-call-parser auto), shared by
+    test_agents.py and test_framework_agents.py, stopped after the last test that uses it."""
+    with contextlib.ExitStack() as stack:
+        svc = stack.enter_context(running_service(tool_model, tmp_path_factory.mktemp("logs") / "tools.log"))
+        _stoppers["tool_service"] = stack
+        yield svc
+        _stoppers.pop("tool_service", None)

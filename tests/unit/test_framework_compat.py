@@ -27,7 +27,7 @@ def test_tokenize_and_detokenize_answer_vllms_shapes(build):
         r = await c.post("/detokenize", json={"model": "m", "tokens": [4, 5]})
         assert r.status_code == 200 and r.json() == {"prompt": "w4 w5"}
         for path, body, field in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": 3}, "prompt"),
-                                  ("/tokenize", {"messages": [{"role": "user"}]}, "messages"),
+                                  ("/tokenize", {"messages": [{"role": "user"}]}, "messages[0].content"),
                                   ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens"),
                                   ("/detokenize", {"tokens": [1, 100]}, "tokens"),
                                   ("/detokenize", {"tokens": "1 2"}, "tokens"), ("/detokenize", {}, "tokens")]:

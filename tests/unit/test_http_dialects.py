@@ -30,8 +30,12 @@ class Tokenizer:
     def __call__(self, text, add_special_tokens=False):
         return {"input_ids": [len(w) for w in text.split()]}
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize, **kw):
-        return [1] + [len(w) for m in messages for w in m["content"].split()] + [2]
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, tools=None,
+                            continue_final_message=False, **kw):
+        """[1] + each word's length + [2]; as text (tokenize=False, how the service renders chats): words that
+        tokenize to that."""
+        words = [w for m in messages for w in (m["content"] or "").split()]
+        return [1] + [len(w) for w in words] + [2] if tokenize else " ".join(["x", *words, "yy"])
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(f"w{t}" for t in ids)
@@ -636,7 +640,7 @@ def test_from_service_error_spells_names_never_the_text():
     import grpc
 
     from rollout_service.errors import Name, ServiceError, invalid_field, refused_by_engine
-    from rollout_service.server.compat import sglang_api, vllm_api, vllm_transfer
+    from rollout_service.server.compat import sglang_api, vllm_api, vllm_chat, vllm_transfer
     from rollout_service.server.compat.gateway import from_service_error, spell
 
     plain = ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full: prompts[0] of sampling.max_tokens; n: 3")
@@ -675,4 +679,5 @@ def test_from_service_error_spells_names_never_the_text():
     assert spell("sampling.stop", vllm_api.SPELLING) == "stop"
     assert spell("n", sglang_api.SPELLING) == "sampling_params.n"
     assert spell("nonce", sglang_api.SPELLING) is None
-    assert spell("prompts[0].token_ids", vllm_api.CHAT_SPELLING) == "messages.token_ids"
+    assert spell("prompts[0].token_ids", vllm_chat.CHAT_SPELLING) == "messages.token_ids"
+    assert spell("prompts[0].chat.messages[2].tool_call_id", vllm_chat.CHAT_SPELLING) == "messages[2].tool_call_id"

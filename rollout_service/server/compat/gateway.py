@@ -95,16 +95,17 @@ class Gateway:
                 "x-rollout-draft-version": str(self.pool.draft_version)}
 
     @contextlib.asynccontextmanager
-    async def generate(self, request: pb.GenerateRequest, spelling: Spelling | None = None, deltas: bool = False
-                       ) -> AsyncIterator[tuple[CheckedRequest, AsyncIterator]]:
+    async def generate(self, request: pb.GenerateRequest, spelling: Spelling | None = None, deltas: bool = False,
+                       fill_context: bool = False) -> AsyncIterator[tuple[CheckedRequest, AsyncIterator]]:
         """Admit `request` exactly as gRPC Generate does; yield (checked, samples as they finish). With deltas
         (streaming: request.stream_tokens), lists instead: what is new after each engine step, the samples that
         finished and each unfinished sample's new tokens as an IndexedDelta (RequestRecord.batches). Leaving the block
         before the last sample (the HTTP client went away) aborts the engine work, as a cancelled stream does. Raises
-        DialectError for a refusal at admission; errors after it stay ServiceError."""
+        DialectError for a refusal at admission; errors after it stay ServiceError. fill_context: an unset max_tokens
+        fills each prompt's context (vLLM's chat)."""
         telemetry = self.pool.telemetry
         try:
-            checked, record = await self.service.admit(request)
+            checked, record = await self.service.admit(request, fill_context=fill_context)
         except ServiceError as e:
             telemetry.m_requests.labels(e.code.name).inc()
             raise from_service_error(e, spelling) from None

@@ -40,12 +40,10 @@ from rollout_service.server.compat.gateway import (
     token_prompt,
     until_disconnect,
 )
-from rollout_tasks.chat import chat_token_ids
 
 router = APIRouter()
 # the contract's names as each endpoint spells them (gateway.spell)
 SPELLING = {"sampling.max_tokens": "max_tokens", "sampling.": "", "prompts": "prompt", "top_logprobs": "logprobs"}
-CHAT_SPELLING = {"sampling.max_tokens": "max_tokens", "sampling.": "", "prompts[0]": "messages"}
 GENERATE_SPELLING = {"sampling.": "sampling_params.", "prompts[0]": "token_ids", "n": "sampling_params.n",
                      "min_policy_version": "sampling_params.min_policy_version",
                      "top_logprobs": "sampling_params.logprobs"}
@@ -63,6 +61,7 @@ class Options:
     stream: bool
     usage_in_stream: bool
     text: bool = True
+    fill_context: bool = False     # an unset max_tokens fills the context (vLLM's chat)
 
 
 # ---- parsing ----------------------------------------------------------------------------------------
@@ -161,20 +160,53 @@ class Writer:
         self.rid = f"{'chatcmpl' if opts.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = req.policy or gw.model.path          # an adapter's answers name the adapter, as vLLM's do
+        self.chats = checked.chats                        # a chat prompt's checked ChatPrompt (tools, tool_choice)
+        self.streams: dict = {}                           # (prompt, sample) -> chat.parse.Stream
+
+    def chat_of(self, item):
+        return self.chats[item.prompt_index] if self.chats else None
 
     def decode(self, items, texts) -> list[tuple[str, dict[int, str]]]:
-        """(text, token id -> its string) per item; texts: the items' texts where already known (streams)."""
+        """(text, token id -> its string) per item; texts: the items' texts where already known (streams). A chat
+        prompt's whole sample: its assistant message as the server's parsers read it instead of the text."""
         tok = self.gw.model.tokenizer
         out = []
         for item, known in zip(items, texts):
             r = item.result
-            text = known if known is not None else self.gw.decode(r.token_ids) if self.opts.text else ""
+            chat = self.chat_of(item)
+            if chat is not None and known is None:
+                text = self.gw.service.parsing.parse(chat, r.token_ids,
+                                                     self.checked.prompt_token_ids[item.prompt_index])
+            else:
+                text = known if known is not None else self.gw.decode(r.token_ids) if self.opts.text else ""
             names: dict[int, str] = {}
             if self.opts.logprobs and not self.opts.tokens_as_ids:
                 ids = sorted(set(r.token_ids).union(*map(set, r.top_token_ids)))
                 names = dict(zip(ids, tok.batch_decode([[t] for t in ids])))
             out.append((text, names))
         return out
+
+    def stream_delta(self, item, finished: bool) -> dict | None:
+        """A chat prompt's streamed tokens -> the delta vLLM streams for them (content, reasoning, tool-call pieces;
+        None while a tag is incomplete). Blocking: the tokenizer thread."""
+        key = (item.prompt_index, item.sample_index)
+        stream = self.streams.get(key)
+        if stream is None:
+            stream = self.streams[key] = self.gw.service.parsing.stream(
+                self.chat_of(item), self.checked.prompt_token_ids[item.prompt_index])
+        return stream.step(list(item.result.token_ids), finished)
+
+    def finish_reason(self, item, message) -> str | None:
+        """vLLM's: "tool_calls" where tool_choice auto called a tool, or "required" stopped by itself."""
+        r, chat = item.result, self.chat_of(item)
+        if chat is None or r.finish_reason is None or chat.tools is None:
+            return r.finish_reason
+        called = bool(message.get("tool_calls")) if isinstance(message, dict) else bool(
+            getattr(message, "tool_calls", None))
+        if (chat.tool_choice in ("auto", None) and called) or (chat.tool_choice == "required" and
+                                                               r.finish_reason == "stop"):
+            return "tool_calls"
+        return r.finish_reason
 
     async def choices(self, items, texts=None) -> list[dict]:
         decoded = await self.gw.in_tokenizer_thread(self.decode, items, texts or [None] * len(items))
@@ -196,7 +228,11 @@ class Writer:
         if o.kind == "chat":
             def entry(t: int, lp: float) -> dict:
                 return {"token": name(t), "logprob": max(lp, MIN_LOGPROB), "bytes": list(name(t).encode())}
-            c["message"] = {"role": "assistant", "content": text}
+            if isinstance(text, str):
+                c["message"] = {"role": "assistant", "content": text}
+            else:                                     # read by the tool and reasoning parsers (chat.parse.Message)
+                c["message"] = text.openai()
+                c["finish_reason"] = self.finish_reason(item, text)
             c["logprobs"] = {"content": [entry(t, lp) | {"top_logprobs": [entry(a, b) for a, b in zip(ts, ls)]}
                                          for t, lp, ts, ls in zip(r.token_ids, r.logprobs, tops, top_lps)]
                              } if o.logprobs else None
@@ -274,7 +310,7 @@ class Writer:
 
 async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling) -> Response:
     req.return_routed_experts = gw.service.limits.routed_experts    # as vLLM's server capturing them: always
-    async with gw.generate(req, spelling) as (checked, samples):
+    async with gw.generate(req, spelling, fill_context=opts.fill_context) as (checked, samples):
         items, error = [], None
         try:
             async for item in samples:
@@ -300,7 +336,7 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
     [DONE]."""
     req.stream_tokens = True
     req.return_routed_experts = gw.service.limits.routed_experts
-    cm = gw.generate(req, spelling, deltas=True)
+    cm = gw.generate(req, spelling, deltas=True, fill_context=opts.fill_context)
     checked, samples = await cm.__aenter__()          # a refusal here raises DialectError: a plain HTTP error
     w = Writer(gw, opts, checked, req)
     texts: dict[tuple[int, int], StreamText] = {}
@@ -313,6 +349,12 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
         pieces = [text_of((p.prompt_index, p.sample_index)).step(p.result.token_ids) if opts.text else ""
                   for p in parts]
         return w.decode(parts, pieces)
+
+    def chat_deltas(parts: list[IndexedResult], finished: bool) -> list[tuple[dict | None, dict[int, str]]]:
+        """In the tokenizer thread: each chat delta as the tool and reasoning parsers stream it, and its tokens'
+        names."""
+        named = w.decode(parts, [""] * len(parts))
+        return [(w.stream_delta(p, finished), names) for p, (_, names) in zip(parts, named)]
 
     offsets: dict[tuple[int, int], int] = {}         # a choice's next logprobs.text_offset
 
@@ -349,6 +391,17 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
                         rest = msgspec.structs.replace(r, token_ids=r.token_ids[k:], logprobs=r.logprobs[k:],
                                                        top_token_ids=r.top_token_ids[k:],
                                                        top_logprobs=r.top_logprobs[k:])
+                        if w.chats:                  # the parsers' last delta and vLLM's finish reason
+                            part = IndexedResult(*key, rest)
+                            (delta, names), = await gw.in_tokenizer_thread(chat_deltas, [part], True)
+                            choice = w.choice(part, "", names)
+                            choice["message"] = {"role": "assistant"} | (delta or {})
+                            called = key in w.streams and w.streams[key].called
+                            choice["finish_reason"] = w.finish_reason(item, {"tool_calls": called})
+                            out.append(chunk([choice], first, key))
+                            texts.pop(key, None)
+                            offsets.pop(key, None)
+                            continue
                         piece = ""
                         if opts.text:                # the whole text, as a whole answer gives it
                             piece = st.finish(await gw.in_tokenizer_thread(gw.decode, r.token_ids))
@@ -362,13 +415,22 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
                                                      top_token_ids=i.delta.top_token_ids,
                                                      top_logprobs=i.delta.top_logprobs)) for i in deltas]
                     # one hop to the tokenizer thread per engine step: every delta's text piece and names together
-                    decoded = await gw.in_tokenizer_thread(delta_texts, parts) if parts else []
+                    if not parts:
+                        decoded = []
+                    elif w.chats:
+                        decoded = await gw.in_tokenizer_thread(chat_deltas, parts, False)
+                    else:
+                        decoded = await gw.in_tokenizer_thread(delta_texts, parts)
                     for i, part, (piece, names) in zip(deltas, parts, decoded):
                         key = (i.prompt_index, i.sample_index)
                         first = key not in started
                         started.add(key)
                         sent[key] = i.delta.start + len(i.delta.token_ids)
-                        choice = w.choice(part, piece, names)
+                        if w.chats:                  # the parsers' delta ({} while a tag is incomplete: the
+                            choice = w.choice(part, "", names)       # tokens and log-probs still go out)
+                            choice["message"] = {"role": "assistant"} | (piece or {})
+                        else:
+                            choice = w.choice(part, piece, names)
                         choice.pop("weight_versions")
                         out.append(chunk([choice], first, key))
                     yield "".join(out)
@@ -410,41 +472,6 @@ async def completions(request: Request):
     """OpenAI completions: a text or token-id prompt (or a batch), n samples each, logprobs of the sampled
     token, return_token_ids, return_tokens_as_token_ids, stream."""
     return await _serve(request, parse_completion, SPELLING)
-
-
-@router.post("/v1/chat/completions")
-@answers_errors
-async def chat_completions(request: Request):
-    """OpenAI chat: `messages` through the model's chat template (in the tokenizer thread)."""
-    gw = gateway(request)
-    body = json_body(await request.body())
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise DialectError(400, "messages: must be a non-empty list of {role, content} objects with text content",
-                           "messages")
-    f = Fields(body)
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is not None:
-        body["max_tokens"] = body["max_completion_tokens"]
-    req, opts = _common(f, "chat")
-    req.policy = gw.policy_of(body.get("model"))
-    extra = body.get("chat_template_kwargs") or {}
-
-    def template():
-        return chat_token_ids(gw.model.tokenizer, messages, **extra)
-
-    try:
-        ids = await gw.in_tokenizer_thread(template)
-    except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
-        raise DialectError(400, f"messages: the chat template cannot render them ({e})", "messages") from None
-    if body.get("max_tokens") is None:               # vLLM: up to the context length
-        room = gw.model.max_model_len - len(ids)
-        limit = gw.service.limits.max_new_tokens
-        req.sampling.max_tokens = max(1, min(room, limit) if limit else room)
-    req.prompts.append(pb.Prompt(token_ids=ids))
-    req.session_id = gw.session_key(request, body)
-    return await _answer(request, gw, req, opts, CHAT_SPELLING, body)
 
 
 @router.post("/inference/v1/generate")

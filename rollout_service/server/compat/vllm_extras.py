@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from rollout_service.server.compat.gateway import DialectError, Fields, answers_errors, gateway, json_body
+from rollout_service.server.compat.gateway import (DialectError, Fields, answers_errors, from_service_error, gateway,
+                                                   json_body)
 
 router = APIRouter()
 
@@ -25,22 +26,15 @@ def _tokenize(gw, body: dict) -> dict:
     "add_generation_prompt", "chat_template_kwargs"}); blocking: runs in the tokenizer thread."""
     f = Fields(body)
     tok = gw.model.tokenizer
-    if "messages" in body:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise DialectError(400, "messages: must be a list of {role, content} objects with text content",
-                               "messages")
-        extra = body.get("chat_template_kwargs") or {}
-        if not isinstance(extra, dict):
-            raise DialectError(400, "chat_template_kwargs: must be an object", "chat_template_kwargs")
+    if "messages" in body:                        # rendered as a chat request's prompt is (tools included)
+        from rollout_service.chat.render import render
+        from rollout_service.chat.request import check_chat
+        from rollout_service.errors import ServiceError
+
         try:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=f.bool("add_generation_prompt", True),
-                                          tokenize=True, **extra)
-        except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
-            raise DialectError(400, f"messages: the chat template cannot render them ({e})", "messages") from None
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            ids, _ = render(tok, check_chat(body, answered=False))   # pieces of a conversation
+        except ServiceError as e:
+            raise from_service_error(e) from None
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
