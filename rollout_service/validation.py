@@ -35,6 +35,7 @@ class Limits:
     max_new_tokens: int = 0           # 0: up to the context length
     max_top_logprobs: int = 20        # GenerateRequest.top_logprobs at most
     routed_experts: bool = False      # the engines capture routed experts (an MoE policy, engine.routed_experts)
+    speculation: str = "none"         # the engines' speculation method: constrained tool choices are refused under one
 
 
 @dataclass
@@ -157,7 +158,7 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, pa
         if sum((bool(p.token_ids), bool(p.text), p.HasField("chat"))) > 1:
             raise invalid_field(f"prompts[{i}]", "set exactly one of token_ids, text or chat")
         if p.HasField("chat"):
-            chats[i], ids, schemas[i] = _chat(p.chat, f"prompts[{i}].chat.", model, parsing)
+            chats[i], ids, schemas[i] = _chat(p.chat, f"prompts[{i}].chat.", model, parsing, limits)
             text_prompts.add(i)
         elif p.text:
             ids = model.encode(p.text, chat=p.apply_chat_template)
@@ -206,7 +207,7 @@ def check_generate(req: pb.GenerateRequest, model: ModelInfo, limits: Limits, pa
                           req.policy, req.policy_version, chats if any(chats) else None)
 
 
-def _chat(chat: pb.ChatPrompt, where: str, model: ModelInfo, parsing):
+def _chat(chat: pb.ChatPrompt, where: str, model: ModelInfo, parsing, limits: Limits):
     """A chat prompt -> (checked ChatPrompt, its token ids, what constrains its sampling as vLLM constrains it for its
     tool choice (Parsing.constraint), or "")."""
     from rollout_service.chat.parse import Parsing
@@ -217,7 +218,15 @@ def _chat(chat: pb.ChatPrompt, where: str, model: ModelInfo, parsing):
     prompt = from_proto(chat, where)
     parsing.check(prompt, where)
     ids, _ = render(model.tokenizer, prompt, where)
-    return prompt, ids, parsing.constraint(prompt)
+    constraint = parsing.constraint(prompt)
+    if constraint and limits.speculation != "none":
+        # measured: vLLM 0.32's CPU engine under draft-model speculation broke the structural tag (dropped the newlines
+        # it requires: tests/integration/test_speculation.py)
+        raise invalid_field(where + "tool_choice", f"{prompt.tool_choice!r:.80} constrains sampling (vLLM's structured "
+                            f"outputs), which this server does not serve under speculation ({limits.speculation}): "
+                            "its grammar is not kept with drafted tokens on this vLLM build; use tool_choice \"auto\" "
+                            "(the policy's own calls) or a server without speculation")
+    return prompt, ids, constraint
 
 
 def _partial(where: str, p: pb.PartialSample, k: int, max_tokens: int, vocab_size: int) -> Partial:

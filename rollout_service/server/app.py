@@ -120,7 +120,8 @@ class RolloutServer:
         self.creds = load_credentials(cfg.security, cfg.host)
         limits = Limits(cfg.max_prompts_per_request, cfg.max_samples_per_prompt, cfg.max_new_tokens,
                         cfg.max_top_logprobs,
-                        routed_experts=model.moe is not None and cfg.engine.routed_experts == "auto")
+                        routed_experts=model.moe is not None and cfg.engine.routed_experts == "auto",
+                        speculation=cfg.engine.speculation.method)
         self.scaler = Scaler(self.pool, factory)
         self.transfer = WeightTransfer.from_config(self.weights, transfer_backend_of(cfg), cfg)
         self.servicer = RolloutServicer(self.pool, model, limits, self.weights, sp, self.scaler,

@@ -368,6 +368,42 @@ def test_speculative_service_logprobs_match_reference(spec_service, tiny_model):
             np.testing.assert_allclose(s.logprobs, ref.numpy(), atol=2e-3, rtol=0)
 
 
+def test_a_speculative_chat_episode_keeps_exact_tokens(spec_service, tiny_model):
+    """A two-turn chat episode with tools on the speculative service (drafting k = 3 every step): turn 2 continues
+    turn 1's exact tokens (prefix_token_ids) and its served log-probs are the forward pass's over the whole episode:
+    speculation changes nothing across turns. A tool_choice that constrains sampling (required, named) is refused
+    under speculation, naming tool_choice: measured here, vLLM's CPU engine under speculation dropped tokens its
+    structural tag requires."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout_client import Episode
+
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    c = spec_service.client
+    drafted = sum(x.num_drafted for x in c.status().speculation)
+    group = Episode.group([{"role": "user", "content": "Look it up."}], n=2, tools=[tool])
+    c.chat_step(group, max_tokens=16, temperature=1.0, ignore_eos=True)
+    for e in group:
+        e.add_message({"role": "user", "content": "And then?"})
+        e.done = False
+    c.chat_step(group, max_tokens=16, temperature=1.0, ignore_eos=True)
+    for e in group:
+        first = e.turns[0].prompt_token_ids.tolist() + e.turns[0].token_ids.tolist()
+        assert e.turns[1].prompt_token_ids.tolist()[:len(first)] == first
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([e.token_ids])).logits[0].float(), -1)
+        sampled = [i for i, m in enumerate(e.mask) if m]
+        np.testing.assert_allclose(np.asarray(e.logprobs)[sampled],
+                                   [lp[i - 1, e.token_ids[i]].item() for i in sampled], atol=2e-3, rtol=0)
+    assert sum(x.num_drafted for x in c.status().speculation) > drafted
+    forced = Episode([{"role": "user", "content": "x"}], tools=[tool], tool_choice="required")
+    with pytest.raises(grpc.RpcError) as err:
+        c.chat_step([forced], max_tokens=4)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("prompts[0].chat.tool_choice: 'required' constrains sampling")
+
+
 def test_k_controller_follows_the_drafter(tiny_model, tmp_path):
     """A service choosing k itself (the default): with a drafter identical to the policy it drafts and its
     measured acceptance is near 1; after UpdateDraft to a useless drafter it forgets that acceptance, re-measures
