@@ -80,6 +80,22 @@ def test_adapter_samples_equal_a_merged_forward_pass_mixed_with_the_base(lc, ada
     assert lc.status().adapter_limits.max_rank == RANK
 
 
+def test_an_adapter_policy_across_the_turns_of_a_chat_episode(lc, adapters, hf_model):
+    """An agent episode on adapter alice: each turn runs on the adapter and its log-probs are the merged model's over
+    the episode's exact tokens."""
+    from rollout_client import Episode
+
+    e = Episode([{"role": "user", "content": "Hello."}])
+    for text in ("And?", None):
+        lc.chat_step([e], max_tokens=8, temperature=1.0, ignore_eos=True, policy="alice")
+        if text:
+            e.add_message({"role": "user", "content": text})
+            e.done = False
+    assert [s.policy for s in e.turns] == ["alice", "alice"]
+    check([[s] for s in e.turns], merged(adapters["alice"], hf_model),
+          prompts=[s.prompt_token_ids.tolist() for s in e.turns])
+
+
 def test_versions_kept_evicted_and_refusals(lc, adapters, tiny_model, hf_model):
     v2, v3 = make_adapter(tiny_model, 12), make_adapter(tiny_model, 13)
     lc.push_adapter("alice", v2, 2)

@@ -137,6 +137,25 @@ def test_routes_equal_a_forward_pass_and_cached_prompts_keep_theirs(mc, versions
     assert_routes_replay(again, LONG, versions)                 # its cached rows are the ones stored at the time
 
 
+def test_routes_across_the_turns_of_a_chat_episode(mc, versions):
+    """An agent episode (chat prompts with the exact tokens so far): every turn's sample carries the routes of its
+    whole prompt (the earlier turns included, as computed when they were cached) and its tokens, equal to a forward
+    pass over the episode so far."""
+    from rollout_client import Episode
+
+    e = Episode([{"role": "user", "content": "Route me."}])
+    for text in ("Again.", None):
+        mc.chat_step([e], max_tokens=8, temperature=1.0, ignore_eos=True, return_routed_experts=True)
+        if text:
+            e.add_message({"role": "user", "content": text})
+            e.done = False
+    assert len(e.turns) == 2
+    for s in e.turns:
+        assert_routes_replay(s, s.prompt_token_ids.tolist(), versions)
+    assert e.turns[1].prompt_token_ids.tolist()[:len(e.turns[0].prompt_token_ids) + len(e.turns[0].token_ids)] == \
+        e.turns[0].prompt_token_ids.tolist() + e.turns[0].token_ids.tolist()
+
+
 def test_without_the_flag_no_routes_and_a_dense_policy_refuses_it(mc, client):
     assert mc.generate_all(PROMPTS[:1], max_tokens=4)[0][0].routed_experts is None
     with pytest.raises(grpc.RpcError) as e:
