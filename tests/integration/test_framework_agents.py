@@ -147,7 +147,7 @@ def test_verl_tool_agent_loop(tool_service, tool_policy, tok, tool_model):
                                     add_generation_prompt=True)
     assert before[-2:] == [tok.eos_token_id, tok.encode("\n")[0]] and o1.token_ids[-1] == tok.eos_token_id
     assert inserted == after[len(before):] and tool_response(answer) in tok.decode(inserted)
-    assert o2.token_ids and o2.stop_reason == "completed"
+    assert tok.decode(o2.token_ids, skip_special_tokens=True) == final_text(answer) and o2.stop_reason == "completed"
     assert out.num_turns == 4 and out.prompt_ids == p1
     assert out.response_ids == o1.token_ids + inserted + o2.token_ids
     assert out.response_mask == [1] * len(o1.token_ids) + [0] * len(inserted) + [1] * len(o2.token_ids)
