@@ -5,7 +5,8 @@
 Writes accuracy.png (held-out accuracy and train reward), step_time.png (time per phase, one bar per run),
 acceptance.png (speculation acceptance per step, with the drafter version), kl.png (KL to the start
 policy) and, for runs on an MoE policy, routing_replay.png (the rollout-against-trainer log-prob mismatch per step
-with and without routing replay). Each run is labelled by its directory name.
+with and without routing replay), and for runs of `--task calculator`, tool_use.png (reward and the episodes' tool use
+per step). Each run is labelled by its directory name.
 """
 from __future__ import annotations
 
@@ -94,7 +95,35 @@ def plot_runs(paths: list[str], out: Path) -> list[Path]:
             a.grid(alpha=0.3)
             a.legend()
         written.append(_save(fig, out / "routing_replay.png"))
+
+    tools = {name: [r for r in rows if r.get("tool_call_rate") is not None] for name, rows in runs.items()}
+    if any(tools.values()):
+        written.append(plot_tool_use(tools, out / "tool_use.png"))
     return written
+
+
+def plot_tool_use(runs: dict[str, list[dict]], path: Path) -> Path:
+    """--task calculator: mean reward and accuracy per step (left); the share of episodes with a tool call the server
+    parsed, with a `<tool_call>` tried, and the well-formed share of tried calls (right)."""
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (name, rows) in enumerate(runs.items()):      # a colour per run, a line style per quantity
+        steps, c = [r["step"] for r in rows], f"C{i}"
+        a1.plot(steps, [r["reward_mean"] for r in rows], "-o", color=c, label=f"{name}: reward")
+        a1.plot(steps, [r["train_accuracy"] for r in rows], "--x", color=c, label=f"{name}: accuracy")
+        a2.plot(steps, [r["tool_call_rate"] for r in rows], "-o", color=c, label=f"{name}: episodes with a parsed call")
+        a2.plot(steps, [r["attempt_rate"] for r in rows], "--x", color=c,
+                label=f"{name}: episodes with a <tool_call> tried")
+        formed = [(s, r["well_formed_rate"]) for s, r in zip(steps, rows) if r.get("well_formed_rate") is not None]
+        a2.plot([s for s, _ in formed], [f for _, f in formed], ":s", color=c, mfc="none",
+                label=f"{name}: well-formed share of tries")
+    a1.set(xlabel="step", ylabel="per episode", title="reward (final answer) and accuracy", ylim=(-0.05, 1.15))
+    a2.set(xlabel="step", ylabel="fraction", title="tool use", ylim=(-0.05, 1.05))
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    return _save(fig, path)
 
 
 def _mean(xs) -> float:

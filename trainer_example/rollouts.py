@@ -35,6 +35,9 @@ class Rollout:
     answer_line: bool = False      # stated its answer on an 'Answer: N' line
     routes: np.ndarray | None = None   # an MoE policy's experts, uint8/uint16 [rows, layers, top_k] (routing replay)
     routes_first_row: int = 0          # position of routes[0] in prompt + generated tokens
+    sampled: np.ndarray | None = None  # bool [gen_len]: a multi-turn episode's tokens the model sampled (the rest,
+                                       # tool results and template glue, were inserted); None: all were sampled
+    episode: dict | None = None        # a multi-turn episode's own metrics (episodes.py: tool calls, turns, ...)
 
 
 @dataclass
@@ -127,6 +130,8 @@ class Packed:
 
 
 def pack(rollouts: list[Rollout]) -> Packed:
+    """Right-padded rows of prompt + generated tokens; gen_mask marks the targets sampled by the model (a multi-turn
+    episode's inserted tokens are context only: no loss, no log-probs)."""
     seqs = [r.prompt_ids + r.token_ids.tolist() for r in rollouts]
     width = max(len(s) for s in seqs)
     b = len(seqs)
@@ -138,7 +143,7 @@ def pack(rollouts: list[Rollout]) -> Packed:
         p, g = len(r.prompt_ids), len(r.token_ids)
         ids[i, :len(s)] = torch.tensor(s)
         attn[i, :len(s)] = 1
-        gen[i, p - 1:p - 1 + g] = True
+        gen[i, p - 1:p - 1 + g] = True if r.sampled is None else torch.from_numpy(np.asarray(r.sampled, dtype=bool))
         rlp[i, p - 1:p - 1 + g] = torch.from_numpy(np.asarray(r.rollout_logp, dtype=np.float32))
     adv = torch.tensor([r.advantage for r in rollouts], dtype=torch.float32)
     routes = routed = None
@@ -168,8 +173,10 @@ class Prefetcher:
     it only at a policy no older than version - max_lag (server-side staleness admission), and the trainer
     still drops any group that came out staler than that (`drop_stale`)."""
 
-    def __init__(self, client, next_problems, version, *, max_lag: int, **gen_kwargs):
+    def __init__(self, client, next_problems, version, *, max_lag: int, generate=generate_batch, **gen_kwargs):
+        """generate: generate_batch, or episodes.generate_episodes (multi-turn tool episodes), with gen_kwargs."""
         self.client, self.next_problems, self.version, self.max_lag = client, next_problems, version, max_lag
+        self.generate = generate
         self.gen_kwargs = gen_kwargs
         self.wanted: queue.Queue = queue.Queue()
         self.ready: queue.Queue = queue.Queue()
@@ -184,9 +191,9 @@ class Prefetcher:
         while self.wanted.get():
             try:
                 problems, prompt_ids = self.next_problems()
-                self.ready.put(generate_batch(self.client, problems, prompt_ids,
-                                              min_policy_version=max(0, self.version() - self.max_lag),
-                                              **self.gen_kwargs))
+                self.ready.put(self.generate(self.client, problems, prompt_ids,
+                                             min_policy_version=max(0, self.version() - self.max_lag),
+                                             **self.gen_kwargs))
             except BaseException as e:      # handed to the trainer, which raises it
                 self.ready.put(e)
 

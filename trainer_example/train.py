@@ -2,6 +2,7 @@
 
     rollout-grpo --steps 3                         # starts the service on the default model, trains 3 steps
     rollout-grpo --target 127.0.0.1:50051 --mode async --steps 50 --out runs/async
+    rollout-grpo --task calculator --speculation none --steps 10   # multi-turn episodes with a calculator tool
 
 One step, top to bottom:
   1. generate   GRPO groups from the service (sync: now; async: the batch prefetched during the last step),
@@ -17,6 +18,8 @@ One step, top to bottom:
 A mixture-of-experts policy (--model moe) asks for each sample's routes and replays them in every forward pass of
 steps 2-3 (routing_replay.py, --routing-replay); one more forward pass without (or with) replay measures the
 rollout-against-trainer log-prob mismatch both ways each step.
+--task calculator trains on whole multi-turn tool episodes (episodes.py): the loss on the sampled tokens only, the
+forward pass on the whole episode (tool results and template glue as context), advantages per episode.
 The trainer talks to the service only through `rollout_client` (its RPCs, and its launcher for the
 `rollout-service` commands: serve, prepare-model, prepare-drafter).
 """
@@ -39,7 +42,7 @@ from rollout_client import RolloutClient
 from rollout_client.launcher import ServiceProcess, run_command
 from rollout_tasks.arithmetic import REWARDS, correct, extract_answer, split
 from rollout_tasks.chat import chat_token_ids, user_turn
-from trainer_example import grpo, routing_replay
+from trainer_example import episodes, grpo, routing_replay
 from trainer_example.rollouts import (Packed, Prefetcher, assign_advantages, drop_stale, generate_batch,
                                       micro_batches, pack)
 
@@ -63,11 +66,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reward", choices=sorted(REWARDS), default="arithmetic",
                     help="the task's reward: arithmetic (a correct final answer, plus 0.1 for an answer line) or "
                          "brevity (shorter answers score higher)")
+    ap.add_argument("--task", choices=["arithmetic", "calculator"], default="arithmetic",
+                    help="arithmetic: one sample per prompt (--reward); calculator: multi-turn episodes in which the "
+                         "model may call a calculator tool (rollout_tasks/calculator.py), rewarded on the final "
+                         "answer, trained on the sampled tokens of the whole episode (episodes.py)")
+    ap.add_argument("--max-turns", type=int, default=3,
+                    help="--task calculator: assistant turns per episode at most (a turn that calls no tool ends it)")
     ap.add_argument("--mode", choices=["sync", "async"], default="sync")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8, help="prompts (GRPO groups) per step")
     ap.add_argument("--group-size", type=int, default=4, help="samples per prompt")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per sample (--task calculator: per turn)")
     ap.add_argument("--temperature", type=float, default=0.5,
                     help="sampling temperature; the trainer's log-probs use logits / T to match the sampler's. "
                          "0.5: SmolLM2-135M at 1.0 almost never answers correctly, so GRPO groups carry no signal")
@@ -124,8 +133,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/grpo", help="directory for metrics.jsonl and the service log")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.speculation is None:
-        args.speculation = "none" if args.lora else "eagle3"
+    if args.task == "calculator":
+        if args.model == "moe":
+            ap.error("--task calculator with --model moe: routing replay over multi-turn episodes is not built (each "
+                     "turn's routes would have to be joined across the episode); use a dense policy")
+        if args.reward != "arithmetic":
+            ap.error("--reward: --task calculator has its own reward (the final answer, rollout_tasks/calculator.py)")
+    if args.speculation is None:      # calculator: the drafters were trained on arithmetic answers, not tool episodes
+        args.speculation = "none" if args.lora or args.task == "calculator" else "eagle3"
     if args.lora:
         args.weight_sync = "push"       # an adapter is a few MB: one PushWeights stream, no transfer group
     return args
@@ -242,7 +257,11 @@ class Trainer:
             state.pop("lm_head.weight", None)
         return state
 
-    def encode(self, problems) -> list[list[int]]:
+    def encode(self, problems) -> list:
+        """The prompts for `problems`: token ids (arithmetic), or each episode's first messages (calculator: the server
+        renders them with the tools)."""
+        if self.args.task == "calculator":
+            return episodes.encode(problems)
         return [chat_token_ids(self.tok, user_turn(p.prompt)) for p in problems]
 
     def minibatches(self, batch_size: int) -> list[torch.Tensor]:
@@ -324,16 +343,22 @@ class Trainer:
                 "kl_to_start": kl_sum / max(kl_n, 1), "kl_samples": kl_rows}
 
 
-def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int) -> tuple[float, float, str]:
-    """Held-out (accuracy, answer-line rate, per-problem correctness as a '0'/'1' string), greedy decoding, on
-    seeds disjoint from training; the same problems every time, so evaluations can be compared pairwise."""
+def evaluate(client, trainer: Trainer, size: int, max_tokens: int, max_ops: int) -> tuple[float, float, str, dict]:
+    """Held-out (accuracy, answer-line rate, per-problem correctness as a '0'/'1' string, the calculator task's tool
+    use), greedy decoding, on seeds disjoint from training; the same problems every time, so evaluations can be
+    compared pairwise."""
     problems = split(size, eval=True, max_ops=max_ops)
+    args = trainer.args
+    if args.task == "calculator":
+        hits, lines, tools = episodes.evaluate(client, problems, max_turns=args.max_turns, max_tokens=max_tokens,
+                                               policy=args.policy_name if args.lora else "")
+        return sum(hits) / len(problems), sum(lines) / len(problems), "".join("1" if h else "0" for h in hits), tools
     groups = client.generate_all(trainer.encode(problems), n=1, max_tokens=max_tokens, temperature=0.0,
                                  return_text=True, policy=trainer.args.policy_name if trainer.args.lora else "")
     texts = [g[0].text for g in groups]
     hits = [correct(t, p.answer) for p, t in zip(problems, texts)]
     return (sum(hits) / len(problems), sum(extract_answer(t) is not None for t in texts) / len(problems),
-            "".join("1" if h else "0" for h in hits))
+            "".join("1" if h else "0" for h in hits), {})
 
 
 def speculation_summary(rollouts, before, after, stats=()) -> dict:
@@ -373,8 +398,14 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                       draft_steps=status.num_speculative_tokens or 3)
     version, draft_version = status.policy_version, status.draft_version
     served = status.quantization.method or "none"      # what the rollouts' log-probs are the log-probs of
-    gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature,
-               routed_experts=trainer.moe, reward_fn=REWARDS[args.reward])
+    if args.task == "calculator":   # n episodes per problem, each up to --max-turns turns of --max-tokens
+        generate = episodes.generate_episodes
+        gen = dict(n=args.group_size, max_turns=args.max_turns, max_tokens=args.max_tokens,
+                   temperature=args.temperature)
+    else:
+        generate = generate_batch
+        gen = dict(n=args.group_size, max_tokens=args.max_tokens, temperature=args.temperature,
+                   routed_experts=trainer.moe, reward_fn=REWARDS[args.reward])
     if args.lora:                   # the adapter's own version line, from 1 (or after what a previous run pushed)
         version = next((a.version for a in status.adapters if a.name == args.policy_name), 0) + 1
         trainer.push(client, None, version, "wait", None)
@@ -389,10 +420,11 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     metrics_path = out / "metrics.jsonl"
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_file = open(metrics_path, "a")
-    eval_acc, eval_format, eval_hits = evaluate(client, trainer, args.eval_size, args.max_tokens, args.max_ops)
-    eval_before, eval_before_hits = eval_acc, eval_hits
+    eval_acc, eval_format, eval_hits, eval_tools = evaluate(client, trainer, args.eval_size, args.max_tokens,
+                                                            args.max_ops)
+    eval_before, eval_before_hits, eval_before_tools = eval_acc, eval_hits, eval_tools
     print(f"held-out accuracy before training: {eval_acc:.3f}, answer lines {eval_format:.3f} "
-          f"({args.eval_size} problems, greedy)")
+          f"({args.eval_size} problems, greedy)" + _tools_text(eval_tools))
     sync = None
     if args.weight_sync == "transfer":          # once: the service's engines and this trainer form the group
         from rollout_client.transfer import WeightSync
@@ -401,7 +433,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
         sync.connect()
     prefetch = None
     if args.mode == "async":
-        prefetch = Prefetcher(client, next_problems, lambda: version, max_lag=args.max_lag, **gen).start()
+        prefetch = Prefetcher(client, next_problems, lambda: version, max_lag=args.max_lag, generate=generate,
+                              **gen).start()
     # A bfloat16 engine accepts bfloat16 pushes only (the service takes the checkpoint's or the serving dtype).
     push_dtype = torch.bfloat16 if args.engine_dtype == "bfloat16" else None
     rows, t_start = [], time.perf_counter()
@@ -414,7 +447,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             if prefetch:
                 batch = prefetch.get(more=step + 1 < args.steps)
             else:
-                batch = generate_batch(client, *next_problems(), **gen)
+                batch = generate(client, *next_problems(), **gen)
             rewards = assign_advantages(batch, args.group_size)
             rollouts, dropped = drop_stale(batch.rollouts, version, args.max_lag)
             t1 = time.perf_counter()
@@ -426,6 +459,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                    "reward_mean": float(rewards.mean()),
                    "train_accuracy": sum(r.correct for r in batch.rollouts) / len(batch.rollouts),
                    "format_rate": sum(r.answer_line for r in batch.rollouts) / len(batch.rollouts),
+                   **(episodes.summary(batch.rollouts) if args.task == "calculator" else {}),
                    **speculation_summary(rollouts, k_before, (after := client.status()).k_control,
                                          after.speculation)}
             recompute_s = train_s = replay_check_s = 0.0
@@ -461,11 +495,13 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                 row["draft_pushed"] = draft_version
             t4 = time.perf_counter()
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-                eval_acc, eval_format, eval_hits = evaluate(client, trainer, args.eval_size, args.max_tokens,
-                                                            args.max_ops)
+                eval_acc, eval_format, eval_hits, eval_tools = evaluate(client, trainer, args.eval_size,
+                                                                        args.max_tokens, args.max_ops)
                 row["eval_accuracy"], row["eval_format_rate"], row["eval_correct"] = eval_acc, eval_format, eval_hits
+                row.update({f"eval_{k}": v for k, v in eval_tools.items()})
             if step == 0:
                 row["eval_before_correct"] = eval_before_hits
+                row.update({f"eval_before_{k}": v for k, v in eval_before_tools.items()})
             row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
                        train_s=train_s, replay_check_s=replay_check_s,
                        push_s=t4 - t_push, draft_push_s=t4 - t_draft, push_pause_s=pushed.pause_s,
@@ -547,7 +583,19 @@ def step_line(r: dict) -> str:
             + (f" (pushed in {r['draft_push_s']:.1f}s)" if r.get("draft_pushed") is not None else "")
             + _head_text(r)
             + (f"  held-out accuracy {r['eval_accuracy']:.3f}" if "eval_accuracy" in r else "")
+            + _tools_text(r)
             + _replay_text(r))
+
+
+def _tools_text(r: dict) -> str:
+    """--task calculator: the episodes' tool use (a step's row, or an evaluation's summary)."""
+    if r.get("tool_call_rate") is None:
+        return ""
+    formed = r.get("well_formed_rate")
+    return (f"  tool calls in {r['tool_call_rate']:.0%} of episodes ({r['calls_per_episode']:.2f} per episode, "
+            f"{r['attempts_per_episode']:.2f} tried, well-formed {'-' if formed is None else f'{formed:.0%}'}), "
+            f"calculator right {r['calc_hit_rate']:.0%}, turns {r['turns_per_episode']:.2f}, "
+            f"{r['episode_tokens']:.0f} tokens ({r['sampled_tokens']:.0f} sampled)")
 
 
 def _replay_text(r: dict) -> str:
