@@ -37,26 +37,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from vs_vllm_serve import SETTLE_S, VllmServe, engine_flags, pct  # noqa: E402
 
+from rollout_tasks.calculator import calculator  # noqa: E402  (the task's tool: ast-evaluated, errors as text)
+
 ARMS = ("vllm_serve", "dialect", "grpc")
-
-
-def calculator(expression: str) -> str:
-    import ast
-    import operator
-
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-    def ev(n):
-        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
-            return n.value
-        if isinstance(n, ast.BinOp) and type(n.op) in ops:
-            return ops[type(n.op)](ev(n.left), ev(n.right))
-        raise ValueError("not arithmetic")
-    try:
-        v = ev(ast.parse(str(expression), mode="eval").body)
-        return str(int(v) if float(v).is_integer() else v)
-    except Exception as e:  # noqa: BLE001 - the model's mistake is the tool's answer
-        return f"error: {e}"
 
 
 def answer_calls(calls: list[dict]) -> list[dict]:
@@ -204,10 +187,10 @@ def main() -> int:
         model = str(build_tiny_tool_model(logs / "tool-model"))
         tool, questions = TOOL_CALCULATOR, [q for q, _, _ in TOOL_PROBLEMS]
     else:
-        from rollout_tasks.calculator import TOOL, problems
+        from rollout_tasks.calculator import TOOL, split, user_message
 
         model, tool = args.model, TOOL
-        questions = [p.question for p in problems(64)]
+        questions = [user_message(p) for p in split(64)]
     levels = [int(x) for x in args.concurrency.split(",")]
     flags, env = engine_flags(model, args.dtype, args.max_model_len, args.max_num_seqs, args.kv_cache_gb)
     flags += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]

@@ -3,30 +3,15 @@ engine output, real tool calls read by vLLM's hermes parser): over gRPC (rollout
 (the `openai` package, whole and streamed). Each check: the tool call is parsed and run, its result reaches the next
 turn, every turn's prompt starts with the episode's tokens so far (nothing sampled is tokenized again), and every
 sampled token's log-prob equals an independent transformers forward pass over the whole episode."""
-import ast
 import json
-import operator
 
 import grpc
 import pytest
 
 from rollout_client import Episode, RolloutClient, run_episodes
 from rollout_client.api import pb
+from rollout_tasks.calculator import calculator
 from tests.tiny_models import TOOL_CALCULATOR, TOOL_PROBLEMS
-
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def calculator(expression: str) -> str:
-    def ev(n):
-        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
-            return n.value
-        if isinstance(n, ast.BinOp) and type(n.op) in OPS:
-            return OPS[type(n.op)](ev(n.left), ev(n.right))
-        raise ValueError("not arithmetic")
-    value = ev(ast.parse(expression, mode="eval").body)
-    return str(int(value) if float(value).is_integer() else value)
-
 
 @pytest.fixture(scope="module")
 def tool_client(tool_service):
