@@ -10,7 +10,7 @@ import uuid
 import msgspec
 
 from rollout_service.chat.request import ChatPrompt, vllm_request
-from rollout_service.errors import ServiceError, invalid_field
+from rollout_service.errors import invalid_field
 
 
 class ToolCall(msgspec.Struct, kw_only=True):
@@ -129,11 +129,8 @@ class Parsing:
         parser = self.parser(prompt)
         request = parser.adjust_request(request)
         parser.set_prompt_token_ids(prompt_ids)
-        try:
-            reasoning, content, calls = parser.parse(text, request, enable_auto_tools=bool(self.tool_parser),
-                                                     model_output_token_ids=token_ids)
-        except ServiceError:
-            raise
+        reasoning, content, calls = parser.parse(text, request, enable_auto_tools=bool(self.tool_parser),
+                                                 model_output_token_ids=token_ids)
         if not prompt.include_reasoning:
             reasoning = None
         tool_calls = [ToolCall(id=c.id or call_id(), name=c.name, arguments=c.arguments) for c in calls or []]
