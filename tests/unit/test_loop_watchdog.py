@@ -84,14 +84,14 @@ def test_a_loop_held_by_the_garbage_collector_says_so_and_a_frozen_heap_is_not_w
         gc.unfreeze()
 
 
-def spin_in_python(stop) -> None:
-    while not stop.is_set():
-        sum(range(1000))
+def spin_in_python(stop: list) -> None:
+    while not stop:                     # a plain list, not an Event: Event.is_set lives in threading.py, which
+        sum(range(1000))                # reads as idle, and a sample taken inside it would miss the hog
 
 
 def test_a_stall_names_the_worker_threads_that_were_running_and_not_the_idle_ones():
     """A loop starved of the GIL sits in asyncio's own code; the thread holding the GIL is the culprit."""
-    stop, idle = threading.Event(), threading.Event()
+    stop, idle = [], threading.Event()
     busy = threading.Thread(target=spin_in_python, args=(stop,), name="hog")
     waiting = threading.Thread(target=idle.wait, name="sleeper")
     busy.start(), waiting.start()
@@ -101,7 +101,7 @@ def test_a_stall_names_the_worker_threads_that_were_running_and_not_the_idle_one
         frames.pop(threading.get_ident())
         text = _busy_threads(frames)
     finally:
-        stop.set(), idle.set()
+        stop.append(True), idle.set()
         busy.join(), waiting.join()
     assert "thread hog:" in text and "spin_in_python" in text, text
     assert "sleeper" not in text, text
@@ -118,7 +118,7 @@ def test_a_loop_idle_in_its_selector_with_no_thread_running_is_starved_not_held(
     sel = selectors.DefaultSelector()
     sel.register(a, selectors.EVENT_READ)
     waiter = threading.Thread(target=sel.select, args=(5,), name="loop")
-    stop = threading.Event()
+    stop = []
     hog = threading.Thread(target=spin_in_python, args=(stop,), name="hog")
     pool = ThreadPoolExecutor(1)
     waiter.start()
@@ -133,14 +133,14 @@ def test_a_loop_idle_in_its_selector_with_no_thread_running_is_starved_not_held(
         time.sleep(0.05)
         frames = sys._current_frames()
         assert not starved(frames[waiter.ident], _busy_threads({hog.ident: frames[hog.ident]}))
-        stop.set()
+        stop.append(True)
         hog.join()
         pool.submit(time.sleep, 0.5)                 # a C function handed to a pool worker: its frame is run()
         time.sleep(0.05)
         frames = {t: f for t, f in sys._current_frames().items() if t not in (threading.get_ident(), waiter.ident)}
         assert "thread.py" in _busy_threads(frames) and not starved(loop_frame, _busy_threads(frames))
     finally:
-        stop.set()
+        stop.append(True)
         b.send(b"x")
         waiter.join()
         pool.shutdown()
