@@ -18,6 +18,13 @@ per-token acceptance 0.62, k fixed and chosen per step), engines of tp devices o
 attention data-parallel), sync and async RL; each beside a dense model of the same active size (what a verify pass
 costs when it reads no more weights than a plain step); and the model against published MoE decode figures
 (PUBLISHED below, each with its source). Writes moe-<scenario>.json, moe_summary.json and moe_projections.txt.
+
+    .venv/bin/python bench/projections.py --weight-sync    # weight sync with and without deltas (prints only)
+
+--weight-sync: Qwen3-8B, Qwen3-30B-A3B and Qwen3-235B-A22B on h200, full push against deltas (perfmodel/
+weight_sync.py) over NVLink, 400 Gb/s and 100 Gb/s: bytes, seconds and share of the sync RL step (generate + train
+from simulate.build, speculation off), as the markdown table of docs/projections.md, and the checks against
+published figures (WEIGHT_SYNC_CHECKS) beside it.
 """
 from __future__ import annotations
 
@@ -58,6 +65,23 @@ MOE_SCENARIOS = {
 DENSE_TWINS = {"qwen3-30b-a3b": {"experts": 0, "experts_per_tok": 0, "expert_intermediate": 0, "intermediate": 6144},
                "qwen3-235b-a22b": {"experts": 0, "experts_per_tok": 0, "expert_intermediate": 0,
                                    "intermediate": 12288}}
+
+# Weight sync (--weight-sync): each policy's RL step on h200 as the seed-paper and MoE scenarios set it (8B and
+# 30B-A3B: 128 prompts x 8 over 8 engines of one GPU; 235B: 512 x 16 over 8 engines of tp 8); the acceptance only
+# feeds the speculative rows, which this does not read (the sync step with speculation off). (policy, its scenario,
+# links: None, each engine device over its own link; 1, the whole policy over one, as TRL's 235B figure)
+WEIGHT_SYNC = [("qwen3-8b", SCENARIOS["qwen3-8b-eagle3-a056"], None),
+               ("qwen3-30b-a3b", [*A3B, "--acceptance", "0.62"], None),
+               ("qwen3-235b-a22b", SCENARIOS["qwen3-235b-eagle3-a062"], None),
+               ("qwen3-235b-a22b", SCENARIOS["qwen3-235b-eagle3-a062"], 1)]
+SYNC_LINKS = {"nvlink": "NVLink", "400g": "400 Gb/s", "100g": "100 Gb/s"}
+# Published weight-sync figures the model is checked against:
+# - Hugging Face TRL delta sync (TRL #5417, #5937): a Qwen3-0.6B push from 1.2 GB to 20-35 MB (34-60x), generation
+#   paused 1.1 s of a 9.4 s sync; a full push of Qwen3-235B-A22B is 470 GB in bf16, 38 s a step at 100 Gb/s.
+# - Fireworks: "typically 20x+", a full snapshot every 20-30 steps. AReaL: 50-100x (its disk path). miles: up to 50x.
+WEIGHT_SYNC_CHECKS = {"trl_0.6b_full_gb": 1.2, "trl_0.6b_delta_mb": (20, 35), "trl_235b_full_gb": 470,
+                      "trl_235b_100g_s": 38, "fireworks_ratio": 20, "areal_ratio": (50, 100), "miles_ratio": 50}
+
 
 # Published decode figures (bf16 unless said). ML.ENERGY Leaderboard v3 (https://ml.energy/leaderboard; data
 # github.com/ml-energy/leaderboard, public/data/tasks/lm-arena-chat.json at commit 0cd52da, 2026-02-27): vLLM at a
@@ -221,13 +245,90 @@ def moe_main(out: Path) -> None:
     print(text)
 
 
+def rl_step_without_push(hw_name: str, argv: list[str]) -> tuple[dict, float]:
+    """The policy and its sync RL step's generate + train seconds, speculation off (simulate.build)."""
+    from rollout_service.perfmodel import simulate
+
+    ap = argparse.ArgumentParser()
+    simulate.add_args(ap)
+    r = simulate.build(ap.parse_args(["--hardware", hw_name, *argv]))
+    off = next(x for x in r["rl"] if x["speculation"] == "off" and x["mode"] == "sync")
+    return r["policy"], off["generate_s"] + off["train_s"]
+
+
+def percent(x: float) -> str:
+    return f"{x:.2%}" if x >= 5e-5 else "<0.01%"
+
+
+def weight_sync_main(hw_name: str = "h200") -> None:
+    """docs/projections.md's weight-sync table and its checks, printed as markdown."""
+    from rollout_service.perfmodel import hardware, model
+    from rollout_service.perfmodel.weight_sync import ANCHOR_EVERY, DENSITY, DENSITY_MAX, INDEX_BYTES, weight_sync
+
+    hw = hardware.get(hw_name)
+    lines = ["| policy, tp (generate + train) | push | GB | " + " | ".join(SYNC_LINKS.values()) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in SYNC_LINKS) + " |"]
+    kinds = {"full": "full", "delta": f"delta {DENSITY:.0%}", "anchored": f"+ full every {ANCHOR_EVERY}"}
+    steps = {}
+    for name, argv, links in WEIGHT_SYNC:
+        pol, steps[name] = rl_step_without_push(hw_name, argv)
+        tp, ep = pol["tp"], pol.get("ep", 1)
+        syncs = [weight_sync(model.load(name), hw, ln, tp=tp, ep=ep, step_s=steps[name], links=links)
+                 for ln in SYNC_LINKS]
+        where = f"{tp}" + ("" if links is None else f", {links} link{'s' * (links > 1)}")
+        for kind, label in kinds.items():
+            one = getattr(syncs[0], kind)
+            head = f"{name}, {where} ({steps[name]:.0f} s)" if kind == "full" else ""
+            ratio = "" if kind == "full" else f" ({syncs[0].ratio(one):.1f}x)"
+            cells = [f"{getattr(w, kind).seconds:.2g} ({percent(getattr(w, kind).share)})" for w in syncs]
+            lines.append(f"| {head} | {label} | {one.bytes / 1e9:.3g}{ratio} | " + " | ".join(cells) + " |")
+    c = WEIGHT_SYNC_CHECKS
+    a22b, step_a22b = model.load("qwen3-235b-a22b"), steps["qwen3-235b-a22b"]
+    small = weight_sync(model.load("qwen3-0.6b"), hw, "100g")
+    one_link = weight_sync(a22b, hw, "100g", tp=8, links=1, step_s=step_a22b)
+    nccl = weight_sync(a22b, hw, "nccl", tp=8, step_s=step_a22b)
+    at20, at30 = (weight_sync(a22b, hw, "100g", anchor_every=n, tp=8) for n in (ANCHOR_EVERY, 30))
+    worst = weight_sync(a22b, hw, "100g", density=DENSITY_MAX, tp=8)
+
+    def density_for(ratio: float) -> str:           # the fraction changed at which a delta is `ratio` times smaller
+        return f"{hw.bytes_per_param / ((INDEX_BYTES + hw.bytes_per_param) * ratio):.2%}"
+
+    checks = [
+        (f"TRL, Qwen3-0.6B: {c['trl_0.6b_full_gb']} GB -> {c['trl_0.6b_delta_mb'][0]}-{c['trl_0.6b_delta_mb'][1]} MB",
+         f"{small.full.bytes / 1e9:.2f} GB -> {small.delta.bytes / 1e6:.0f} MB at {DENSITY:.0%} "
+         f"({small.ratio(small.delta):.1f}x); {c['trl_0.6b_delta_mb'][0]} MB is "
+         f"{density_for(small.full.bytes / c['trl_0.6b_delta_mb'][0] / 1e6)} changed"),
+        (f"TRL, Qwen3-235B-A22B full: {c['trl_235b_full_gb']} GB, {c['trl_235b_100g_s']} s at 100 Gb/s",
+         f"{one_link.full.bytes / 1e9:.1f} GB, {one_link.full.transfer_s:.1f} s over one 100 Gb/s link"),
+        (f"Fireworks {c['fireworks_ratio']}x+ (a full snapshot every 20-30 steps)",
+         f"a delta {small.ratio(small.delta):.1f}x at {DENSITY:.0%}, {worst.ratio(worst.delta):.1f}x at "
+         f"{DENSITY_MAX:.0%}; with a full push every {ANCHOR_EVERY} / 30: {at20.ratio(at20.anchored):.1f}x / "
+         f"{at30.ratio(at30.anchored):.1f}x at {DENSITY:.0%} ({worst.ratio(worst.anchored):.1f}x at {DENSITY_MAX:.0%}, "
+         f"every {ANCHOR_EVERY})"),
+        (f"AReaL {c['areal_ratio'][0]}-{c['areal_ratio'][1]}x, miles up to {c['miles_ratio']}x",
+         f"a delta reaches {c['areal_ratio'][0]}x / {c['areal_ratio'][1]}x at {density_for(c['areal_ratio'][0])} / "
+         f"{density_for(c['areal_ratio'][1])} changed (uncompressed)")]
+    lines += ["", "Checks (reported: model):"] + [f"- {reported}: {modelled}" for reported, modelled in checks]
+    lines += ["", f"By nccl (8.25 GB/s per GPU, published), qwen3-235b-a22b tp 8: full {nccl.full.seconds:.2f} s "
+              f"({percent(nccl.full.share)}), + full every {ANCHOR_EVERY} {nccl.anchored.seconds:.2f} s "
+              f"({percent(nccl.anchored.share)}); over one 100 Gb/s link: full {one_link.full.seconds:.1f} s "
+              f"({percent(one_link.full.share)}), + full every {ANCHOR_EVERY} {one_link.anchored.seconds:.2f} s "
+              f"({percent(one_link.anchored.share)})"]
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hardware", default="gb200,h100,h200")
     ap.add_argument("--out-dir", default="bench/results/perfmodel")
     ap.add_argument("--before", help="an earlier run's summary.json: each figure is followed by it in brackets")
     ap.add_argument("--moe", action="store_true", help="the mixture-of-experts projections and published check")
+    ap.add_argument("--weight-sync", action="store_true",
+                    help="weight sync with and without deltas: docs/projections.md's table, printed (h200)")
     args = ap.parse_args()
+    if args.weight_sync:
+        weight_sync_main()
+        return
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if args.moe:

@@ -128,6 +128,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--weight-sync", choices=["transfer", "push"], default="transfer",
                     help="how each step's policy reaches the engines: `transfer` over the service's weight-transfer "
                          "group (rollout_client.transfer.WeightSync; gloo here), `push` as a PushWeights stream")
+    ap.add_argument("--weight-delta", choices=["auto", "on", "off"], default="auto",
+                    help="push only the elements that changed since the last push (rollout_client.delta: a full "
+                         "anchor every --anchor-every steps, the deltas as PushWeights streams). auto: on where the "
+                         "service computes in bfloat16 (about 1%% of a bf16 policy changes per step), off in float32 "
+                         "(nearly every element changes: a delta is as large as a full push)")
+    ap.add_argument("--anchor-every", type=int, default=20, help="--weight-delta: a full push every this many steps")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-size", type=int, default=32)
     ap.add_argument("--out", default="runs/grpo", help="directory for metrics.jsonl and the service log")
@@ -174,6 +180,7 @@ class Trainer:
         adapt = args.adapt_drafter if args.adapt_drafter is not None else drafter_kind == "draft_model"
         adapt = adapt and not args.lora          # the drafter serves the base policy, shared by every adapter
         self.drafter = self.head = None
+        self.deltas = None              # --weight-delta: what was last pushed (rollout_client.delta.WeightDeltas)
         if drafter_dir and adapt and drafter_kind == "draft_model":
             self.drafter = OnlineDrafter(drafter_dir, lr=args.drafter_lr)
         elif drafter_dir and adapt and drafter_kind == "eagle3":
@@ -238,11 +245,26 @@ class Trainer:
 
     def push(self, client, sync, version: int, mode: str, dtype):
         """5. push: the adapter alone (--lora; in-flight samples finish on their adapter version, no pause), else the
-        whole policy (over the transfer group, or a PushWeights stream)."""
+        policy: what changed since the last push (--weight-delta; anchors and refused deltas whole), or whole (over
+        the transfer group, or a PushWeights stream)."""
         if self.args.lora:
             return client.push_adapter(self.args.policy_name, self.policy, version, dtype=dtype)
         push = sync.push if sync is not None else client.push_weights
+        if self.args.weight_delta == "on":
+            if self.deltas is None:
+                from rollout_client.delta import WeightDeltas
+
+                self.deltas = WeightDeltas(client, dtype=dtype, anchor_every=self.args.anchor_every,
+                                           full_push=lambda w, v, mode, timeout: push(w, v, mode=mode,
+                                                                                      timeout=timeout))
+            return self.deltas.push(self.push_weights(), version, mode=mode)
         return push(self.push_weights(), version, mode=mode, dtype=dtype)
+
+    def push_stats(self) -> dict:
+        """What the last push sent (--weight-delta): full, delta, or full after a refused delta."""
+        d = self.deltas
+        return {} if d is None else {"push_kind": d.last_kind, "push_bytes": d.last_bytes,
+                                     "push_changed_elements": d.last_changed}
 
     def push_weights(self):
         """The policy's tensors under the checkpoint's names, which the service validates pushes against:
@@ -435,8 +457,17 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
     if args.mode == "async":
         prefetch = Prefetcher(client, next_problems, lambda: version, max_lag=args.max_lag, generate=generate,
                               **gen).start()
-    # A bfloat16 engine accepts bfloat16 pushes only (the service takes the checkpoint's or the serving dtype).
-    push_dtype = torch.bfloat16 if args.engine_dtype == "bfloat16" else None
+    # A bfloat16 engine takes bfloat16 pushes (the service takes the checkpoint's or the serving dtype); "auto" serves
+    # bfloat16 on a CPU with native bf16 (and on GPU nodes): the status says which.
+    bf16 = args.engine_dtype == "bfloat16" or status.quantization.dtype == "bfloat16"
+    push_dtype = torch.bfloat16 if bf16 else None
+    if args.weight_delta == "auto":
+        args.weight_delta = "on" if bf16 and not args.lora else "off"
+    print("weight sync: " + ("bfloat16 deltas (what changed since the last push), a full push every "
+                             f"{args.anchor_every} steps" if args.weight_delta == "on" else
+                             "full pushes" + (" (the service computes in float32, where nearly every element changes "
+                                              "each step: deltas would be as large; --engine-dtype bfloat16 for them)"
+                                              if not bf16 and not args.lora else "")))
     rows, t_start = [], time.perf_counter()
     bar = tqdm(range(args.steps), desc=f"GRPO {args.mode}", unit="step")
     try:
@@ -505,7 +536,7 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
             row.update(generate_s=t1 - t0, generation_wall_s=batch.generate_s, recompute_s=recompute_s,
                        train_s=train_s, replay_check_s=replay_check_s,
                        push_s=t4 - t_push, draft_push_s=t4 - t_draft, push_pause_s=pushed.pause_s,
-                       push_path=args.weight_sync,
+                       push_path=args.weight_sync, **trainer.push_stats(),
                        step_s=t4 - t0,
                        draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)
             rows.append(row)

@@ -104,10 +104,12 @@ class RolloutClient:
         return PushResult.from_proto(self.stub.UpdateDraft(stream, timeout=timeout, metadata=self.auth.admin()))
 
     def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
-                     partial: bool = False, timeout: float | None = None) -> PushResult:
-        """Have the server load safetensors from `path` (a file or directory below one of its --weights-root)."""
+                     partial: bool = False, timeout: float | None = None, base_version: int = 0) -> PushResult:
+        """Have the server load safetensors from `path` (a file or directory below one of its --weights-root).
+        base_version: the files hold a delta against that version (rollout_client.delta.save_delta writes one)."""
         req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
-                                    target=TARGETS["drafter" if target == "drafter" else "policy"])
+                                    target=TARGETS["drafter" if target == "drafter" else "policy"],
+                                    base_version=base_version)
         return PushResult.from_proto(self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin()))
 
     def push_adapter(self, name: str, adapter, version: int, *, config=None, dtype=None,
@@ -221,9 +223,10 @@ class AsyncRolloutClient:
         return PushResult.from_proto(reply)
 
     async def load_weights(self, path: str, version: int, *, target: str = "policy", mode: str = "wait",
-                           partial: bool = False, timeout: float | None = None) -> PushResult:
+                           partial: bool = False, timeout: float | None = None, base_version: int = 0) -> PushResult:
         req = pb.LoadWeightsRequest(version=version, path=path, partial=partial, in_flight=MODES[mode],
-                                    target=TARGETS["drafter" if target == "drafter" else "policy"])
+                                    target=TARGETS["drafter" if target == "drafter" else "policy"],
+                                    base_version=base_version)
         reply = await self.stub.LoadWeights(req, timeout=timeout, metadata=self.auth.admin())
         return PushResult.from_proto(reply)
 

@@ -186,9 +186,12 @@ class PushResult:
     pause_s: float
     total_s: float
     prepare_s: float             # loading beside the served weights while generating (before the pause)
+    base_version: int = 0        # a delta's base (0: a full push)
+    fingerprint: str = ""        # the target's committed weights (rollout_client.delta.fingerprint)
 
     @classmethod
     def from_proto(cls, m: pb.PushResult) -> "PushResult":
         t = m.timings
         return cls(m.version, TARGET_NAMES.get(m.target, "policy"), m.num_tensors, m.num_bytes,
-                   m.partial, t.receive_s, t.validate_s, t.apply_s, t.pause_s, t.total_s, t.prepare_s)
+                   m.partial, t.receive_s, t.validate_s, t.apply_s, t.pause_s, t.total_s, t.prepare_s,
+                   m.base_version, m.fingerprint)

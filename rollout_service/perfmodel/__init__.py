@@ -10,6 +10,7 @@ One noun per file, read in this order:
     fit.py         a GPU profile fitted to a bench/gpu_step_probe.py file (simulate --hardware-from)
     rollout.py     a rollout batch: throughput and speedup by concurrency and k, the batch draining
     rl.py          an RL step: sync or async, speculation on or off
+    weight_sync.py a weight push whole or as a delta (changed elements only), over a link; its share of the step
     acceptance.py  per-position acceptance: typed, from GetStatus or from a trainer's metrics.jsonl
     report.py      table, JSON and plots
     simulate.py    `rollout-service simulate`

@@ -10,7 +10,7 @@
 Training time: (6 + 2) x active parameters FLOPs per token (forward and backward, and the log-prob recompute of
 the samples) at the profile's train_mfu over `train_gpus`, unless a measured seconds per token is given. The push
 sends the policy's bf16 weights by the path the user chose (PUSH_PATHS); engines pause only to swap (weights per
-device over HBM bandwidth).
+device over HBM bandwidth: swap_seconds). A push of only the elements that changed: weight_sync.py.
 So at equal GPUs async gains exactly what the draining tail wastes. The lag bound changes nothing here once it is
 >= 1 (steady state); it bounds staleness, and it lets a long step's tail overlap the next step, which the steady
 state already assumes.
@@ -71,6 +71,14 @@ def push_seconds(policy: Transformer, hw: Hardware, tp: int = 1, path: str = "li
     if per_device:
         return device_weight_bytes(policy, hw.bytes_per_param, tp, ep) / rate
     return policy.params() * hw.bytes_per_param / rate
+
+
+def swap_seconds(policy: Transformer, hw: Hardware, tp: int = 1, ep: int = 1) -> float:
+    """What the engines pause for to take a full push in: each device's weights copied once at its memory
+    bandwidth (step.device_weight_bytes)."""
+    from rollout_service.perfmodel.step import device_weight_bytes
+
+    return device_weight_bytes(policy, hw.bytes_per_param, tp, ep) / (hw.mem_bw * hw.mem_eff)
 
 
 def rl_step(mode: str, generate_drain_s: float, generate_full_s: float, train_s: float, push_s: float,

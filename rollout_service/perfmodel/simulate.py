@@ -16,7 +16,7 @@ import json
 
 from rollout_service.perfmodel import acceptance as acc
 from rollout_service.perfmodel import hardware, model, report
-from rollout_service.perfmodel.rl import PUSH_PATHS, push_seconds, rl_step, train_seconds
+from rollout_service.perfmodel.rl import PUSH_PATHS, push_seconds, rl_step, swap_seconds, train_seconds
 from rollout_service.perfmodel.rollout import Engine, drain, lognormal_lengths, mean_length, steady_context
 from rollout_service.perfmodel.moe import distinct_experts
 from rollout_service.perfmodel.step import Drafter, data_groups, device_weight_bytes, devices, step_table
@@ -182,7 +182,7 @@ def build(args) -> dict:
     train_gpus = args.train_gpus or args.engines * dev
     train_s = train_seconds(policy, hw, tokens, train_gpus, args.train_s_per_token)
     push_s = push_seconds(policy, hw, tp, args.push_path, ep)
-    pause_s = device_weight_bytes(policy, hw.bytes_per_param, tp, ep) / (hw.mem_bw * hw.mem_eff)
+    pause_s = swap_seconds(policy, hw, tp, ep)
     rl = []
     for spec in ("off", f"k={fixed_k}", "auto"):
         d = drains[spec]

@@ -18,12 +18,14 @@ import hashlib
 import json
 import logging
 import shutil
+import threading
 import uuid
 from pathlib import Path
 
 from rollout_service.config import ConfigError
 from rollout_service.durable import fsync_path, write_json_atomically
 from rollout_service.faults import crash_point
+from rollout_service.fingerprint import Digest, combine, file_digests, tensor_ranges
 from rollout_service.scratch import recycle
 from rollout_service.weights.layers import completion
 
@@ -61,6 +63,12 @@ class CommittedWeights:
         self.restored = {t: 0 for t in TARGETS}          # versions read back from state_dir at start-up
         self.aside: dict[str, dict] = {}                 # target -> its record for another checkpoint, kept as is
         self._checkpoint_names: dict[str, list[str]] = {}   # target -> its checkpoint's tensor names (read once)
+        # content fingerprints (fingerprint.py): per-file tensor digests, hashed once per file, and per target the
+        # fingerprint of the committed values; computed in threads (record, fingerprints), hence the lock
+        self._digests: dict[Path, dict[str, Digest]] = {}
+        self._fingerprints: dict[str, tuple[int, str]] = {}     # target -> (version, fingerprint)
+        self._digest_lock = threading.Lock()
+        self._pending: dict[Path, dict[str, Digest]] = {}       # digests of files about to be recorded
         if durable:
             self._restore()
 
@@ -76,8 +84,13 @@ class CommittedWeights:
         folder = self.state_dir / target
         folder.mkdir(parents=True, exist_ok=True)
         kept = []
+        with self._digest_lock:
+            pending = dict(self._pending)
         for i, f in enumerate(files):
             dest = folder / f"v{version}-{i}.safetensors"
+            if Path(f) in pending:
+                with self._digest_lock:
+                    self._digests[dest] = pending[Path(f)]
             if keep:
                 shutil.copyfile(f, dest)
             else:
@@ -98,7 +111,50 @@ class CommittedWeights:
         for old in folder.glob("*.safetensors"):
             if old not in live:
                 recycle(old, self.spare_dir)      # no engine reads it any more
+        with self._digest_lock:
+            for old in [f for f in self._digests if f.parent == folder and f not in live]:
+                del self._digests[old]
+            self._pending = {}
+        self.content_fingerprint(target)          # the recorded files are hashed now, while they are in the cache
         return kept
+
+    def content_fingerprint(self, target: str) -> str:
+        """The fingerprint (fingerprint.py) of the target's committed values. Blocking the first time a file is
+        seen (it hashes the checkpoint's and each recorded file's tensors once): call it in a thread."""
+        with self._digest_lock:
+            version = self.versions[target]
+            done = self._fingerprints.get(target)
+            if not self.has(target):
+                return ""
+            if done is not None and done[0] == version:
+                return done[1]
+            overlay = dict(self.overlay[target])
+        digests = {}
+        for f in sorted(self.checkpoints[target].glob("*.safetensors")):
+            digests.update(self._file_digests(f))
+        for name, f in overlay.items():
+            digests[name] = self._file_digests(f)[name]
+        out = combine(digests)
+        with self._digest_lock:
+            if self.versions[target] == version and self.overlay[target] == overlay:
+                self._fingerprints[target] = (version, out)
+        return out
+
+    def known_content_fingerprint(self, target: str, version: int | None = None) -> str:
+        """The fingerprint of `version` (default: the committed one) if it was computed already, else "" (never
+        blocks: GetStatus)."""
+        done = self._fingerprints.get(target)
+        want = self.versions[target] if version is None else version
+        return done[1] if done is not None and done[0] == want else ""
+
+    def _file_digests(self, f: Path) -> dict[str, Digest]:
+        with self._digest_lock:
+            found = self._digests.get(f)
+        if found is None:
+            found = file_digests(f)
+            with self._digest_lock:
+                self._digests[f] = found
+        return found
 
     def checkpoint_names(self, target: str) -> list[str]:
         """Every tensor name of the target's checkpoint (its safetensors headers; read once)."""
@@ -128,25 +184,55 @@ class CommittedWeights:
 
     def values_file(self, names: list[str], target: str, purpose: str = "rollback") -> Path:
         """A safetensors file with the committed values of `names` (overlay first, else the checkpoint)."""
-        from safetensors import safe_open
         from safetensors.torch import save_file
 
+        out = self.spare_dir / f"{purpose}-{target}-{uuid.uuid4().hex[:8]}.safetensors"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_file(self.values(names, target), str(out))
+        return out
+
+    def sources(self, names, target: str) -> dict[str, tuple[Path, str, int, int]]:
+        """name -> (file, dtype, start, end): where the committed value of each of `names` lies (overlay first, else
+        the checkpoint). Reads headers only."""
         wanted = set(names)
-        values = {}
+        out = {}
         for name in wanted:
             src = self.overlay[target].get(name)
             if src is not None:
-                with safe_open(src, "pt") as fh:
+                out[name] = (src, *tensor_ranges(src)[name])
+        for f in sorted(self.checkpoints[target].glob("*.safetensors")):
+            for name, where in tensor_ranges(f).items():
+                if name in wanted and name not in out:
+                    out[name] = (f, *where)
+        return out
+
+    def add_digests(self, digests: dict[Path, dict[str, Digest]]) -> None:
+        """Per-file tensor digests computed elsewhere (the committer hashes a push's files while engines prepare),
+        for files about to be recorded: record() finds them instead of hashing again."""
+        with self._digest_lock:
+            self._pending.update(digests)
+
+    def values(self, names, target: str) -> dict:
+        """name -> a tensor of its committed value (overlay first, else the checkpoint), for each of `names`."""
+        from safetensors import safe_open
+
+        wanted = set(names)
+        values = {}
+        by_file: dict[Path, list[str]] = {}
+        for name in wanted:
+            src = self.overlay[target].get(name)
+            if src is not None:
+                by_file.setdefault(src, []).append(name)
+        for src, inside in by_file.items():
+            with safe_open(src, "pt") as fh:
+                for name in inside:
                     values[name] = fh.get_tensor(name)
         for f in sorted(self.checkpoints[target].glob("*.safetensors")):   # a model directory
             with safe_open(f, "pt") as fh:
                 for name in fh.keys():
                     if name in wanted and name not in values:
                         values[name] = fh.get_tensor(name)
-        out = self.spare_dir / f"{purpose}-{target}-{uuid.uuid4().hex[:8]}.safetensors"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        save_file(values, str(out))
-        return out
+        return values
 
     # ---- the durable record ---------------------------------------------------------------------------
     def _write_record(self) -> None:

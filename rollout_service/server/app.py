@@ -192,6 +192,9 @@ class RolloutServer:
         self._watchdog_task = asyncio.create_task(self.watchdog.run())
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        # the served weights' fingerprints (Status.policy_fingerprint): the checkpoint is hashed once, in a thread
+        self._fingerprint_task = asyncio.create_task(asyncio.to_thread(
+            lambda: [self.pool.committed.content_fingerprint(t) for t in ("policy", "drafter")]))
         log.info("serving %s (policy version %d); LoadWeights reads only below %s", self.servicer.model.path,
                  self.pool.policy_version, ", ".join(str(r) for r in self.weights.roots))
         if not self.pool.committed.durable:

@@ -147,6 +147,8 @@ def status_to_proto(pool: EnginePool, model: str, vocab_size: int, max_model_len
         if moe else None,
         adapters=[adapter_to_proto(a) for _, a in sorted(pool.adapters.adapters.items()) if not a.unloading],
         adapter_limits=adapter_limits_to_proto(pool.adapters.cfg) if pool.adapters.enabled else None,
+        policy_fingerprint=pool.committed.known_content_fingerprint("policy", pool.policy_version),
+        draft_fingerprint=pool.committed.known_content_fingerprint("drafter", pool.draft_version),
     )
 
 
@@ -203,7 +205,8 @@ def header_from_proto(h: pb.PushHeader, rpc: str) -> Header:
                             "drafter)", sep=" ", rpc="PushWeights")
     if target != "adapter" and (h.adapter or h.adapter_config):
         raise invalid_field("header.adapter", "is for TARGET_ADAPTER pushes only", sep=" ", rpc=rpc)
-    return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial, h.adapter, h.adapter_config)
+    return Header(h.version, target, h.total_bytes, h.sha256, mode, h.partial, h.adapter, h.adapter_config,
+                  h.base_version)
 
 
 async def push_items(messages, rpc: str):
@@ -211,7 +214,7 @@ async def push_items(messages, rpc: str):
     Chunks per TensorBatch (its entries in order, each checked by the push as a chunk of its own), then the Trailer
     if one came (it must be the last message)."""
     def chunk(c: pb.TensorChunk) -> Chunk:
-        return Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
+        return Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data, c.indices)
 
     trailer = None
     async for m in messages:
@@ -246,7 +249,8 @@ def metas_from_proto(tensors) -> list[Meta]:
 
 def push_result_to_proto(o: PushOutcome) -> pb.PushResult:
     return pb.PushResult(version=o.version, target=TARGET_ENUM[o.target], num_tensors=o.num_tensors,
-                         num_bytes=o.num_bytes, partial=o.partial,
+                         num_bytes=o.num_bytes, partial=o.partial, base_version=o.base_version,
+                         fingerprint=o.fingerprint,
                          timings=pb.PushTimings(receive_s=o.receive_s, validate_s=o.validate_s, apply_s=o.apply_s,
                                                 pause_s=o.pause_s, total_s=o.total_s,
                                                 prepare_s=o.prepare_s))

@@ -215,7 +215,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             check_scope(tenant, None, request.adapter, "load", "adapter")
             out = await self.weights.load(request.path, request.version, target, mode, request.partial,
                                           timeout=context.time_remaining(), adapter=request.adapter,
-                                          tenant=tenant.name if tenant else "")
+                                          tenant=tenant.name if tenant else "", base_version=request.base_version)
         except ServiceError as e:
             self.pool.telemetry.push_failed("path")
             await context.abort(e.code, e.message)

@@ -24,6 +24,7 @@ import grpc
 from rollout_service.engine.base import EngineState
 from rollout_service.errors import ServiceError
 from rollout_service.faults import crash_point
+from rollout_service.fingerprint import file_digests
 from rollout_service.pool.pool import EnginePool
 from rollout_service.scratch import recycle
 from rollout_service.weights.shield import run_to_end
@@ -38,12 +39,22 @@ class CommitResult:
     apply_s: float                  # swapping the prepared weights in, on every engine
     pause_s: float                  # generation paused (apply plus labelling versions and resuming)
     prepare_s: float = 0.0          # loading the new weights beside the served ones, while generating
+    fingerprint: str = ""           # the target's committed values (fingerprint.py)
+    materialize_s: float = 0.0      # a delta made whole against its base (weights/delta.py)
 
 
 class WeightCommitter:
     def __init__(self, pool: EnginePool):
         self.pool = pool
         self.committed = pool.committed
+
+    def check_base(self, target: str, base_version: int, field: str = "header.base_version") -> None:
+        """A delta applies to the version it was computed against, and only while that version serves."""
+        serving = self.pool.versions[target]
+        if base_version != serving:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"{field}={base_version}, but {target} version {serving} is serving: a delta applies "
+                               f"only to the version it was computed against; send a full push")
 
     def check_version(self, target: str, version: int) -> None:
         if not self.committed.has(target):
@@ -55,7 +66,7 @@ class WeightCommitter:
                                f"{self.pool.versions[target]}; versions must strictly increase")
 
     async def commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
-                     keep_files: bool, prepare=None) -> CommitResult:
+                     keep_files: bool, prepare=None, base_version: int = 0, delta=None) -> CommitResult:
         """Apply `files` (safetensors holding `names`) as `version` of `target` on every engine.
 
         Runs to its end even when the caller is cancelled (shield.run_to_end), so no engine is left paused
@@ -65,31 +76,46 @@ class WeightCommitter:
         False if it loads `files` in place once paused (default: each engine prepares from `files` + `fill`). A
         weight transfer prepares from its group, and `files` is then the record one engine writes while it
         receives. `fill`: the files (zero or one) with the committed values of the rest of the engine layers a
-        partial push touches (weights/layers.py), loaded after the pushed tensors; never recorded."""
+        partial push touches (weights/layers.py), loaded after the pushed tensors; never recorded.
+        base_version and delta: a delta push (weights/delta.py). Under the push lock, once the base is checked again,
+        delta(committed) -> StagedWeights makes it whole (in a thread) and its file is committed (and owned) as
+        `files`."""
+        owned = list(files)
+
         async def commit_owning_files():
             try:
-                return await self._commit(files, names, version, target, mode, keep_files, prepare)
+                async with self.pool.push_lock:
+                    if delta is None:
+                        return await self._commit(files, names, version, target, mode, keep_files, prepare)
+                    self.check_version(target, version)
+                    self.check_base(target, base_version)
+                    staged = await asyncio.to_thread(delta, self.committed)
+                    owned.append(staged.path)
+                    return await self._commit([staged.path], staged.names, version, target, mode, keep_files,
+                                              prepare, staged.validate_s)
             finally:
-                if not keep_files:
-                    for f in files:              # gone already if the commit moved them into its state
+                if not keep_files or delta is not None:
+                    for f in owned:              # gone already if the commit moved them into its state
                         recycle(Path(f), self.committed.spare_dir)
         return await run_to_end(commit_owning_files(), "commit")
 
     async def _commit(self, files: list[Path], names: list[str], version: int, target: str, mode: str,
-                      keep_files: bool, prepare) -> CommitResult:
-        async with self.pool.push_lock:
-            self.check_version(target, version)      # again: a concurrent push may have won the race
-            # Engines starting or restarting are left out: pool.restart_at_committed (under this lock) replays
-            # every committed push, this one included, before they serve.
-            engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
-            t_prepare = time.perf_counter()
-            fill = await asyncio.to_thread(self._fill, names, target)
-            try:
-                return await self._commit_with(files, fill, names, version, target, mode, engines, t_prepare,
-                                               keep_files, prepare)
-            finally:
-                for f in fill:
-                    f.unlink(missing_ok=True)
+                      keep_files: bool, prepare, materialize_s: float = 0.0) -> CommitResult:
+        """Under the push lock."""
+        self.check_version(target, version)      # again: a concurrent push may have won the race
+        # Engines starting or restarting are left out: pool.restart_at_committed (under this lock) replays
+        # every committed push, this one included, before they serve.
+        engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
+        t_prepare = time.perf_counter()
+        fill = await asyncio.to_thread(self._fill, names, target)
+        try:
+            res = await self._commit_with(files, fill, names, version, target, mode, engines, t_prepare,
+                                          keep_files, prepare)
+            res.materialize_s = materialize_s
+            return res
+        finally:
+            for f in fill:
+                f.unlink(missing_ok=True)
 
     def _fill(self, names: list[str], target: str) -> list[Path]:
         rest = self.committed.whole_layers(names, target)
@@ -100,8 +126,16 @@ class WeightCommitter:
         """The commit under the push lock: prepare (`files` and `fill`), pause, swap, label, resume, record."""
         loads = [*files, *fill]
         restore = names + self.committed.whole_layers(names, target)   # what a rollback restores
+        # The new files' tensors are hashed for the fingerprint while the engines prepare (they work, this waits);
+        # a weight transfer's record is written during its prepare: record() hashes it.
+        hashing = None if prepare else asyncio.ensure_future(asyncio.to_thread(
+            lambda: {Path(f): file_digests(Path(f)) for f in files}))
         prepare = prepare or (lambda es, more: [e.prepare_weights(loads, target) for e in es])
-        prepared = await self._prepare(engines, prepare(engines, fill), version, target)   # engines generate
+        try:
+            prepared = await self._prepare(engines, prepare(engines, fill), version, target)   # engines generate
+        finally:
+            if hashing is not None:
+                self.committed.add_digests(await hashing)
         prepare_s = time.perf_counter() - t_prepare if any(prepared) else 0.0   # 0: all load in place
         crash_point("prepared")
         held = self.pool.held is not None                               # paused by an operator already
@@ -137,7 +171,8 @@ class WeightCommitter:
         await asyncio.to_thread(self.committed.record, files, target, version, keep_files)
         log.info("committed %s version %d (%d tensors) on %d engine(s): apply %.3f s, paused %.3f s",
                  target, version, len(names), len(engines), apply_s, pause_s)
-        return CommitResult(version, target, apply_s, pause_s, prepare_s)
+        return CommitResult(version, target, apply_s, pause_s, prepare_s,
+                            self.committed.known_content_fingerprint(target))
 
     async def _prepare(self, engines, preparing: list, version: int, target: str) -> list[bool]:
         """Every engine loads the new weights beside the served ones, or none keeps them. Per engine: True

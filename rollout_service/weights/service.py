@@ -16,6 +16,7 @@ from rollout_service.weights.adapter_commit import AdapterCommitter
 from rollout_service.weights.adapters import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, AdapterSpec, check_size,
                                               name_problem, parse_config)
 from rollout_service.weights.committer import WeightCommitter
+from rollout_service.weights.delta import Delta, DeltaStager, materialize, read_delta_files
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest
 from rollout_service.weights.paths import open_regular, resolve_roots, weight_files
 from rollout_service.weights.shield import run_to_end
@@ -33,9 +34,9 @@ BATCH_CHUNKS = 256
 SPECS_KEPT = 16        # adapter configs kept parsed (with their tensors' manifest and staging layout)
 
 
-def _add_all(stager: Stager, chunks: list) -> None:
+def _add_all(stager, chunks: list) -> None:
     for c in chunks:
-        stager.add(c.name, c.dtype, c.shape, c.offset, c.data)
+        stager.add(c.name, c.dtype, c.shape, c.offset, c.data, c.indices)
 
 
 @dataclass
@@ -52,6 +53,8 @@ class PushOutcome:
     total_s: float
     prepare_s: float
     adapter: str = ""      # target "adapter": its name
+    base_version: int = 0  # a delta's base (0: a full push)
+    fingerprint: str = ""  # the target's committed values (fingerprint.py)
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Header:
     partial: bool
     adapter: str = ""          # target "adapter": its name
     adapter_config: str = ""   # target "adapter": PEFT's adapter_config.json
+    base_version: int = 0      # nonzero: a delta against this version (weights/delta.py)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Chunk:
     shape: tuple[int, ...]
     offset: int
     data: bytes
+    indices: bytes = b""       # a delta's sparse chunk: uint32 flat indices of `data`'s values
 
 
 @dataclass
@@ -108,6 +113,10 @@ class WeightService:
         if h.version <= 0:
             raise invalid_field("header.version", f"must be > 0, got {h.version}", sep=" ")
         self.committer.check_version(h.target, h.version)
+        if h.base_version < 0:
+            raise invalid_field("header.base_version", f"must be >= 0 (0: a full push), got {h.base_version}", sep=" ")
+        if h.base_version:
+            self.committer.check_base(h.target, h.base_version)
         if h.sha256:                    # empty: it comes in the trailer
             _check_sha256(h.sha256, "header")
 
@@ -141,6 +150,9 @@ class WeightService:
         t0 = time.perf_counter()
         spec = None
         if header.target == "adapter":
+            if header.base_version:
+                raise invalid_field("header.base_version", "is for policy and drafter pushes; an adapter is pushed "
+                                    "whole", sep=" ")
             if header.partial:
                 raise invalid_field("header.partial", "an adapter push carries the whole adapter; leave it false",
                                     sep=" ")
@@ -150,6 +162,8 @@ class WeightService:
         else:
             self._check_header(header)
         manifest = spec.manifest if spec is not None else self.manifests[header.target]
+        if header.base_version:
+            return await self._push_delta(header, chunks, manifest, t0)
         # cancelled while the file is made, the thread goes on and its file is given up when it is done
         # an adapter stages apart: a full push's spare file (scratch.recycle) stays for the next full push
         folder = scratch_root() if spec is None else scratch_root() / ADAPTER_STAGING
@@ -157,6 +171,53 @@ class WeightService:
                                                     header.sha256, header.partial, folder),
                                   "staging start",
                                   orphaned=lambda st: asyncio.get_running_loop().run_in_executor(None, st.discard))
+        await self._receive(stager, header, chunks)
+        staged = await run_to_end(asyncio.to_thread(stager.finish), "staging write",
+                                  orphaned=lambda st: st.discard())
+        if spec is not None:                 # moved into the adapter's directory, or recycled here if that failed
+            try:
+                res = await self.adapters.commit(header.adapter, header.version, spec, staged.path,
+                                                 staged.num_bytes, tenant, keep_file=False)
+            finally:
+                recycle(staged.path, self.committer.committed.spare_dir)
+            return PushOutcome(res.version, "adapter", len(staged.names), staged.num_bytes, False, staged.receive_s,
+                               staged.validate_s, res.apply_s, 0.0, time.perf_counter() - t0, 0.0,
+                               adapter=header.adapter)
+        # The committer owns the staged file from here: it keeps it on success and recycles it otherwise.
+        res = await self.committer.commit([staged.path], staged.names, header.version, header.target,
+                                          header.mode, keep_files=False)
+        return PushOutcome(res.version, header.target, len(staged.names), staged.num_bytes, staged.partial,
+                           staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0,
+                           res.prepare_s, fingerprint=res.fingerprint)
+
+    async def _push_delta(self, header: Header, chunks, manifest: Manifest, t0: float) -> PushOutcome:
+        """A delta push: received into memory (a delta is small), then made whole against its base and committed under
+        the push lock (weights/delta.py)."""
+        stager = DeltaStager(manifest, header.total_bytes, header.sha256)
+        await self._receive(stager, header, chunks)
+        delta = await asyncio.to_thread(stager.finish)
+        return await self._commit_delta(delta, header.version, header.target, header.mode, header.base_version,
+                                        manifest, t0)
+
+    async def _commit_delta(self, delta: Delta, version: int, target: str, mode: str, base_version: int,
+                            manifest: Manifest, t0: float) -> PushOutcome:
+        partial = bool(set(manifest.tensors) - set(delta.entries))
+        sparse = [n for n, e in delta.entries.items() if e.sparse]
+
+        def whole(committed):
+            return materialize(delta, committed.sources(sparse, target), scratch_root(), committed.spare_dir, partial)
+
+        res = await self.committer.commit([], [], version, target, mode, keep_files=False,
+                                          base_version=base_version, delta=whole)
+        log.info("delta %d -> %d of %s: %d tensors, %d elements set, %d bytes, made whole in %.3f s", base_version,
+                 version, target, len(delta.entries), delta.changed, delta.num_bytes, res.materialize_s)
+        return PushOutcome(res.version, target, len(delta.entries), delta.num_bytes, partial, delta.receive_s,
+                           delta.validate_s + res.materialize_s, res.apply_s, res.pause_s, time.perf_counter() - t0,
+                           res.prepare_s, base_version=base_version, fingerprint=res.fingerprint)
+
+    async def _receive(self, stager, header: Header, chunks) -> None:
+        """Feed the stream's chunks to `stager` (Stager or DeltaStager), in order; on any failure the stager is
+        discarded (its file becomes the spare)."""
         # Hashing and copying into the staging file run in a thread (hashlib and the copies release the GIL),
         # so Generate streams keep flowing on the event loop while a large push arrives. Pipelined: the next
         # chunk is received while the thread checks, hashes and copies the previous one (in order).
@@ -184,10 +245,10 @@ class WeightService:
                     continue
                 if isinstance(c, list):          # a TensorBatch message's chunks, in order
                     batch.extend(c)
-                    batched += sum(len(x.data) for x in c)
+                    batched += sum(len(x.data) + len(x.indices) for x in c)
                 else:
                     batch.append(c)
-                    batched += len(c.data)
+                    batched += len(c.data) + len(c.indices)
                 if adding is None or adding.done() or batched >= BATCH_BYTES or len(batch) >= BATCH_CHUNKS:
                     await hand_over()
             await hand_over()
@@ -205,35 +266,41 @@ class WeightService:
             # the copy finished used to skip the discard and leave the file in /dev/shm (CI, 2026-11-26)
             await run_to_end(clean_up(), "staging cleanup")
             raise
-        staged = await run_to_end(asyncio.to_thread(stager.finish), "staging write",
-                                  orphaned=lambda st: st.discard())
-        if spec is not None:                 # moved into the adapter's directory, or recycled here if that failed
-            try:
-                res = await self.adapters.commit(header.adapter, header.version, spec, staged.path,
-                                                 staged.num_bytes, tenant, keep_file=False)
-            finally:
-                recycle(staged.path, self.committer.committed.spare_dir)
-            return PushOutcome(res.version, "adapter", len(staged.names), staged.num_bytes, False, staged.receive_s,
-                               staged.validate_s, res.apply_s, 0.0, time.perf_counter() - t0, 0.0,
-                               adapter=header.adapter)
-        # The committer owns the staged file from here: it keeps it on success and recycles it otherwise.
-        res = await self.committer.commit([staged.path], staged.names, header.version, header.target,
-                                          header.mode, keep_files=False)
-        return PushOutcome(res.version, header.target, len(staged.names), staged.num_bytes, staged.partial,
-                           staged.receive_s, staged.validate_s, res.apply_s, res.pause_s, time.perf_counter() - t0,
-                           res.prepare_s)
 
     async def load(self, path: str, version: int, target: str, mode: str, partial: bool,
-                   timeout: float | None = None, adapter: str = "", tenant: str = "") -> PushOutcome:
+                   timeout: float | None = None, adapter: str = "", tenant: str = "",
+                   base_version: int = 0) -> PushOutcome:
         """LoadWeights: validate the files' headers against the model, then commit them in place.
         timeout: the request's remaining deadline (s) for reading the files; None waits as long as the caller.
-        target "adapter": `path` is a PEFT adapter directory, committed as version `version` of `adapter`."""
+        target "adapter": `path` is a PEFT adapter directory, committed as version `version` of `adapter`.
+        base_version: the files hold a delta against that version (weights/delta.py)."""
         t0 = time.perf_counter()
         if target == "adapter":
+            if base_version:
+                raise invalid_field("base_version", "is for policy and drafter loads; an adapter is loaded whole",
+                                    sep=" ", rpc="LoadWeights")
             return await self._load_adapter(path, version, adapter, partial, timeout, tenant, t0)
         if version <= 0:
             raise invalid_field("version", f"must be > 0, got {version}", sep=" ")
         self.committer.check_version(target, version)
+        if base_version < 0:
+            raise invalid_field("base_version", f"must be >= 0 (0: whole tensors), got {base_version}", sep=" ",
+                                rpc="LoadWeights")
+        if base_version:
+            self.committer.check_base(target, base_version, "base_version")
+            manifest = self.manifests[target]
+
+            def read():
+                files, headers, _ = self._read(path)
+                return read_delta_files(headers, files, manifest, f"{path}: ")
+            try:
+                delta = await asyncio.wait_for(asyncio.wrap_future(FILE_IO.submit(read)), timeout)
+            except TimeoutError:
+                raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"LoadWeights: reading {path!r} outlasted the request's deadline; nothing changed"
+                                   ) from None
+            delta.receive_s = time.perf_counter() - t0 - delta.validate_s
+            return await self._commit_delta(delta, version, target, mode, base_version, manifest, t0)
         # Listing and reading may block (a stalled shared filesystem): in FILE_IO's threads, under the
         # deadline. Cancelled or timed out here, no lock was taken and nothing changed; a stuck read only
         # keeps its own thread.
@@ -254,7 +321,8 @@ class WeightService:
         validate_s = time.perf_counter() - t_val
         res = await self.committer.commit(files, names, version, target, mode, keep_files=True)
         return PushOutcome(res.version, target, len(names), nbytes, missing, t_val - t0, validate_s,
-                           res.apply_s, res.pause_s, time.perf_counter() - t0, res.prepare_s)
+                           res.apply_s, res.pause_s, time.perf_counter() - t0, res.prepare_s,
+                           fingerprint=res.fingerprint)
 
     async def _load_adapter(self, path, version, name, partial, timeout, tenant, t0) -> PushOutcome:
         if partial:

@@ -32,7 +32,7 @@ POPULATE_STEP = 16 << 20             # bytes per madvise call: a few millisecond
 
 
 @dataclass
-class _Tensor:
+class ReceivedTensor:
     dtype: str
     shape: tuple[int, ...]
     offset: int                               # in the staging file's data region
@@ -83,7 +83,7 @@ class Stager:
     def __init__(self, manifest: Manifest, total_bytes: int, sha256: str, partial: bool, out_dir: Path):
         self.manifest, self.total_bytes, self.sha256, self.partial = manifest, total_bytes, sha256, partial
         self._hash = hashlib.sha256()
-        self._tensors: dict[str, _Tensor] = {}
+        self._tensors: dict[str, ReceivedTensor] = {}
         self._bytes = 0
         self._cursor = 0
         self._validate_s = 0.0
@@ -112,16 +112,13 @@ class Stager:
         self._view = np.frombuffer(self._mm, dtype=np.uint8)
 
     def _populate(self, nbytes: int) -> None:
-        """Map the spare's pages now instead of one fault per page later. mmap.madvise holds the GIL for the
-        whole call (0.14 s for 600 MB here, over 0.5 s on a loaded CI machine: the event loop starved while
-        this ran in a worker thread), so it goes in POPULATE_STEP pieces and the loop gets the GIL between them."""
-        for start in range(0, nbytes, POPULATE_STEP):
-            try:
-                self._mm.madvise(MADV_POPULATE_WRITE, start, min(POPULATE_STEP, nbytes - start))
-            except OSError:      # older kernels: the pages fault in on first write, still without zeroing
-                return
+        populate(self._mm, nbytes)
 
-    def add(self, name: str, dtype: str, shape: tuple[int, ...], offset: int, data: bytes) -> None:
+    def add(self, name: str, dtype: str, shape: tuple[int, ...], offset: int, data: bytes,
+            indices: bytes = b"") -> None:
+        if indices:
+            raise invalid(f"tensor {name!r}: a sparse chunk (TensorChunk.indices) in a full push; sparse chunks are "
+                          "for delta pushes (header.base_version)")
         t = time.perf_counter()
         self._hash.update(data)
         self._bytes += len(data)
@@ -137,7 +134,7 @@ class Stager:
         ten = self._tensors.get(name)
         if ten is None:
             nbytes = math.prod(shape) * ITEMSIZE[dtype]
-            ten = self._tensors[name] = _Tensor(dtype, tuple(shape), self._cursor, nbytes)
+            ten = self._tensors[name] = ReceivedTensor(dtype, tuple(shape), self._cursor, nbytes)
             self._cursor += nbytes
         elif ten.dtype != dtype:
             raise invalid(f"tensor {name!r}: chunks disagree on dtype ({ten.dtype} then {dtype})")
@@ -198,6 +195,24 @@ class Stager:
         except BufferError:        # a copy still holds the map: it is unmapped once that ends
             pass
         recycle(self.path, self.out_dir)
+
+
+def populate(mm: mmap.mmap, nbytes: int) -> None:
+    """Map a recycled file's pages now instead of one fault per page later. mmap.madvise holds the GIL for the
+    whole call (0.14 s for 600 MB here, over 0.5 s on a loaded CI machine: the event loop starved while
+    this ran in a worker thread), so it goes in POPULATE_STEP pieces and the loop gets the GIL between them."""
+    nbytes -= nbytes % mmap.PAGESIZE
+    for start in range(0, nbytes, POPULATE_STEP):
+        try:
+            mm.madvise(MADV_POPULATE_WRITE, start, min(POPULATE_STEP, nbytes - start))
+        except OSError:      # older kernels: the pages fault in on first write, still without zeroing
+            return
+
+
+def header_bytes(entries: dict) -> bytes:
+    """A safetensors header for `entries` (name -> dtype code, shape, data_offsets), padded to 8 bytes."""
+    header = _header_json(entries)
+    return header + b" " * (-len(header) % 8)
 
 
 def _layout(manifest: Manifest) -> tuple[int, int]:

@@ -278,7 +278,7 @@ class Sample(_message.Message):
     def __init__(self, prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., text: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., delta: _Optional[bool] = ..., delta_start: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., policy: _Optional[str] = ..., message: _Optional[_Union[AssistantMessage, _Mapping]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("version", "target", "total_bytes", "sha256", "in_flight", "partial", "adapter", "adapter_config")
+    __slots__ = ("version", "target", "total_bytes", "sha256", "in_flight", "partial", "adapter", "adapter_config", "base_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +287,7 @@ class PushHeader(_message.Message):
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     target: WeightTarget
     total_bytes: int
@@ -295,21 +296,24 @@ class PushHeader(_message.Message):
     partial: bool
     adapter: str
     adapter_config: str
-    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., adapter: _Optional[str] = ..., adapter_config: _Optional[str] = ...) -> None: ...
+    base_version: int
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., adapter: _Optional[str] = ..., adapter_config: _Optional[str] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "offset", "data")
+    __slots__ = ("name", "dtype", "shape", "offset", "data", "indices")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     data: bytes
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    indices: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., indices: _Optional[bytes] = ...) -> None: ...
 
 class TensorBatch(_message.Message):
     __slots__ = ("chunks",)
@@ -336,20 +340,22 @@ class PushRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., trailer: _Optional[_Union[PushTrailer, _Mapping]] = ..., batch: _Optional[_Union[TensorBatch, _Mapping]] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("version", "target", "path", "in_flight", "partial", "adapter")
+    __slots__ = ("version", "target", "path", "in_flight", "partial", "adapter", "base_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     target: WeightTarget
     path: str
     in_flight: InFlightMode
     partial: bool
     adapter: str
-    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., path: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., adapter: _Optional[str] = ...) -> None: ...
+    base_version: int
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., path: _Optional[str] = ..., in_flight: _Optional[_Union[InFlightMode, str]] = ..., partial: _Optional[bool] = ..., adapter: _Optional[str] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class PushTimings(_message.Message):
     __slots__ = ("receive_s", "validate_s", "apply_s", "pause_s", "total_s", "prepare_s")
@@ -368,20 +374,24 @@ class PushTimings(_message.Message):
     def __init__(self, receive_s: _Optional[float] = ..., validate_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., total_s: _Optional[float] = ..., prepare_s: _Optional[float] = ...) -> None: ...
 
 class PushResult(_message.Message):
-    __slots__ = ("version", "target", "num_tensors", "num_bytes", "partial", "timings")
+    __slots__ = ("version", "target", "num_tensors", "num_bytes", "partial", "timings", "base_version", "fingerprint")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     version: int
     target: WeightTarget
     num_tensors: int
     num_bytes: int
     partial: bool
     timings: PushTimings
-    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., num_tensors: _Optional[int] = ..., num_bytes: _Optional[int] = ..., partial: _Optional[bool] = ..., timings: _Optional[_Union[PushTimings, _Mapping]] = ...) -> None: ...
+    base_version: int
+    fingerprint: str
+    def __init__(self, version: _Optional[int] = ..., target: _Optional[_Union[WeightTarget, str]] = ..., num_tensors: _Optional[int] = ..., num_bytes: _Optional[int] = ..., partial: _Optional[bool] = ..., timings: _Optional[_Union[PushTimings, _Mapping]] = ..., base_version: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
@@ -436,7 +446,7 @@ class SpeculationStats(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_acceptance_length: _Optional[float] = ..., per_position_acceptance: _Optional[_Iterable[float]] = ..., expected_speedup: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches", "sessions", "durability", "moe", "quantization", "adapters", "adapter_limits", "tenants")
+    __slots__ = ("model", "policy_version", "draft_version", "speculation_method", "num_speculative_tokens", "engines", "queue_depth", "queue_capacity", "tokens_per_second", "samples_per_second", "speculation", "ready", "uptime_s", "samples_total", "tokens_total", "warnings", "vocab_size", "max_model_len", "k_control", "weight_transfer", "patches", "sessions", "durability", "moe", "quantization", "adapters", "adapter_limits", "tenants", "policy_fingerprint", "draft_fingerprint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -465,6 +475,8 @@ class Status(_message.Message):
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_LIMITS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     policy_version: int
     draft_version: int
@@ -493,7 +505,9 @@ class Status(_message.Message):
     adapters: _containers.RepeatedCompositeFieldContainer[AdapterStatus]
     adapter_limits: AdapterLimits
     tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
-    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ..., sessions: _Optional[_Union[SessionStats, _Mapping]] = ..., durability: _Optional[_Union[Durability, _Mapping]] = ..., moe: _Optional[_Union[MoeInfo, _Mapping]] = ..., quantization: _Optional[_Union[Quantization, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterStatus, _Mapping]]] = ..., adapter_limits: _Optional[_Union[AdapterLimits, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ...) -> None: ...
+    policy_fingerprint: str
+    draft_fingerprint: str
+    def __init__(self, model: _Optional[str] = ..., policy_version: _Optional[int] = ..., draft_version: _Optional[int] = ..., speculation_method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., speculation: _Optional[_Iterable[_Union[SpeculationStats, _Mapping]]] = ..., ready: _Optional[bool] = ..., uptime_s: _Optional[float] = ..., samples_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., k_control: _Optional[_Union[KControl, _Mapping]] = ..., weight_transfer: _Optional[_Union[WeightTransferGroup, _Mapping]] = ..., patches: _Optional[_Iterable[_Union[PatchState, _Mapping]]] = ..., sessions: _Optional[_Union[SessionStats, _Mapping]] = ..., durability: _Optional[_Union[Durability, _Mapping]] = ..., moe: _Optional[_Union[MoeInfo, _Mapping]] = ..., quantization: _Optional[_Union[Quantization, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterStatus, _Mapping]]] = ..., adapter_limits: _Optional[_Union[AdapterLimits, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., policy_fingerprint: _Optional[str] = ..., draft_fingerprint: _Optional[str] = ...) -> None: ...
 
 class Durability(_message.Message):
     __slots__ = ("state_dir", "restored_policy_version", "restored_draft_version")
