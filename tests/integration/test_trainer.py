@@ -52,10 +52,13 @@ def check_rows(rows, steps, start_version):
 def test_sync_step_pushes_policy_and_drafter(grpo_service, tmp_path):
     svc, c, drafter = grpo_service
     before = c.status()
-    rows = run_trainer(svc, drafter, tmp_path / "sync", "--mode", "sync", "--steps", "2")
+    # --weight-delta on (auto is off on this float32 service): the anchor over the group, then a delta stream
+    rows = run_trainer(svc, drafter, tmp_path / "sync", "--mode", "sync", "--steps", "2", "--weight-delta", "on")
     check_rows(rows, 2, before.policy_version)
     assert all(r["max_lag_used"] == 0 and r["dropped_stale"] == 0 for r in rows)
     assert all(r["push_path"] == "transfer" for r in rows)          # the default: the weight-transfer group
+    assert [r["push_kind"] for r in rows] == ["full", "delta"] and rows[1]["push_bytes"] < rows[0]["push_bytes"]
+    assert c.status().policy_fingerprint                            # the served weights' fingerprint
     after = c.status()
     assert after.policy_version == before.policy_version + 2
     assert after.draft_version == before.draft_version + 2          # --draft-every 1

@@ -14,12 +14,17 @@ from rollout_service.weights.service import Chunk, Header, Trailer, WeightServic
 ORIGINAL = {"a.weight": torch.zeros(4, 3), "b.bias": torch.ones(5, dtype=torch.bfloat16)}
 
 
+def write_checkpoint(path, tensors=ORIGINAL):
+    """A checkpoint directory holding `tensors` (one safetensors file, an empty config)."""
+    path.mkdir()
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text("{}")
+    return path
+
+
 @pytest.fixture
 def make_service(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    save_file(ORIGINAL, str(ckpt / "model.safetensors"))
-    (ckpt / "config.json").write_text("{}")
+    ckpt = write_checkpoint(tmp_path / "ckpt")
 
     async def make(engines=2):
         pool = EnginePool([FakeEngine(f"e{i}") for i in range(engines)], max_queue=10, checkpoints={"policy": ckpt})

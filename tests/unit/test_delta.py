@@ -9,7 +9,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from rollout_client.delta import Change, _bits, delta_stream, diff, fingerprint, save_delta
 from rollout_service.api import pb
@@ -19,7 +18,7 @@ from rollout_service.pool.pool import EnginePool
 from rollout_service.server.convert import status_to_proto
 from rollout_service.weights.service import Chunk, Header, Trailer, WeightService
 from tests.fake_engine import FakeEngine
-from tests.unit.conftest import push, run_until_killed
+from tests.unit.conftest import push, run_until_killed, write_checkpoint
 
 BASE = {"a.weight": torch.linspace(-1, 1, 4000).reshape(40, 100), "b.bias": torch.ones(5, dtype=torch.bfloat16),
         "c.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
@@ -27,11 +26,7 @@ BASE = {"a.weight": torch.linspace(-1, 1, 4000).reshape(40, 100), "b.bias": torc
 
 @pytest.fixture
 def ckpt(tmp_path):
-    path = tmp_path / "ckpt"
-    path.mkdir()
-    save_file(BASE, str(path / "model.safetensors"))
-    (path / "config.json").write_text("{}")
-    return path
+    return write_checkpoint(tmp_path / "ckpt", BASE)
 
 
 async def _server(ckpt, state_dir="", roots=()):

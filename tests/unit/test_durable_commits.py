@@ -7,7 +7,6 @@ import os
 import grpc
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from rollout_service.config import ConfigError
 from rollout_service.faults import COMMIT_POINTS
@@ -15,7 +14,7 @@ from rollout_service.pool.pool import EnginePool
 from rollout_service.server.convert import status_to_proto
 from rollout_service.weights.service import WeightService
 from tests.fake_engine import FakeEngine
-from tests.unit.conftest import ORIGINAL, push, run_until_killed
+from tests.unit.conftest import ORIGINAL, push, run_until_killed, write_checkpoint
 
 V1 = {"a.weight": torch.full((4, 3), 1.0), "b.bias": torch.full((5,), 1.0, dtype=torch.bfloat16)}
 V2 = {"a.weight": torch.full((4, 3), 2.0), "b.bias": torch.full((5,), 2.0, dtype=torch.bfloat16)}
@@ -23,11 +22,7 @@ V2 = {"a.weight": torch.full((4, 3), 2.0), "b.bias": torch.full((5,), 2.0, dtype
 
 @pytest.fixture
 def ckpt(tmp_path):
-    path = tmp_path / "ckpt"
-    path.mkdir()
-    save_file(ORIGINAL, str(path / "model.safetensors"))
-    (path / "config.json").write_text("{}")
-    return path
+    return write_checkpoint(tmp_path / "ckpt")
 
 
 async def _server(ckpt, state_dir, engines=2):

@@ -108,12 +108,9 @@ class JoiningEngine(FakeEngine):
 def make_transfer(tmp_path):
     from rollout_service.pool.pool import EnginePool
     from rollout_service.weights.service import WeightService
-    from tests.unit.conftest import ORIGINAL
+    from tests.unit.conftest import write_checkpoint
 
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    save_file(ORIGINAL, str(ckpt / "model.safetensors"))
-    (ckpt / "config.json").write_text("{}")
+    ckpt = write_checkpoint(tmp_path / "ckpt")
 
     async def make(**kw):
         pool = EnginePool([JoiningEngine("e0")], max_queue=10, checkpoints={"policy": ckpt})
