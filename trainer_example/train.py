@@ -260,6 +260,17 @@ class Trainer:
             return self.deltas.push(self.push_weights(), version, mode=mode)
         return push(self.push_weights(), version, mode=mode, dtype=dtype)
 
+    def weights_match(self, pushed, dtype) -> bool | None:
+        """Whether the service committed exactly the weights pushed: its fingerprint of them (PushResult.fingerprint)
+        against this side's (rollout_client.delta). None where the push has none (an adapter)."""
+        if not pushed.fingerprint or self.args.lora:
+            return None
+        if self.deltas is not None:
+            return pushed.fingerprint == self.deltas.fingerprint()
+        from rollout_client.delta import fingerprint
+
+        return pushed.fingerprint == fingerprint(self.push_weights(), dtype)
+
     def push_stats(self) -> dict:
         """What the last push sent (--weight-delta): full, delta, or full after a refused delta."""
         d = self.deltas
@@ -537,6 +548,8 @@ def run(client, args, policy_dir: str, drafter_dir: str | None, out: Path) -> li
                        train_s=train_s, replay_check_s=replay_check_s,
                        push_s=t4 - t_push, draft_push_s=t4 - t_draft, push_pause_s=pushed.pause_s,
                        push_path=args.weight_sync, **trainer.push_stats(),
+                       weights_match=trainer.weights_match(pushed, push_dtype),
+                       push_dtype="bfloat16" if push_dtype is not None else "float32",
                        step_s=t4 - t0,
                        draft_version=draft_version, elapsed_s=time.perf_counter() - t_start)
             rows.append(row)
@@ -582,8 +595,13 @@ def policy_mismatch(r: dict) -> str | None:
     """A warning when samples drawn under the policy the trainer holds (no lag) carry log-probs it disagrees with:
     their importance weights pi_old / pi_rollout must then be 1 up to float noise. Off by more means the service
     served other weights than the trainer pushed (a transfer that corrupted them was found this way, 2026-11-26)."""
+    if r.get("weights_match") is False:
+        return (f"WARNING step {r['step']}: the service committed other weights than the trainer pushed (its "
+                f"fingerprint of version {r['policy_version'] + 1} differs from the trainer's)")
     if r.get("max_lag_used") or "is_weight_mean" not in r or r.get("quantization", "none") != "none":
         return None                           # (a quantized service serves other weights than pushed, by design)
+    if r.get("weights_match") and r.get("push_dtype") == "bfloat16":
+        return None                           # the same weights, computed in bf16: the gap is bf16's, not a fault
     if abs(r["is_weight_mean"] - 1.0) <= 0.02 and r["is_truncated_fraction"] <= 0.005:
         return None
     return (f"WARNING step {r['step']}: the served policy disagrees with the trainer's on samples without lag "

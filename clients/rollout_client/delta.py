@@ -140,6 +140,7 @@ class WeightDeltas:
         self.base_version = 0                      # the version this object's last push made (0: none yet)
         self.since_anchor = 0
         self._last: dict[str, np.ndarray] = {}       # name -> the bit patterns of its last pushed value
+        self._dtypes: dict[str, str] = {}
         self.last_kind, self.last_changed, self.last_bytes = "", 0, 0
         self.last_changes: list[Change] = []           # the last delta (save_delta writes it as a file)
 
@@ -173,6 +174,16 @@ class WeightDeltas:
         self.last_bytes = sum(c.values.nbytes + (0 if c.indices is None else c.indices.nbytes) for c in changes)
         return PushResult.from_proto(reply)
 
+    def fingerprint(self) -> str:
+        """The content fingerprint of what this object last pushed (what the server must serve): compare it with
+        PushResult.fingerprint or Status.policy_fingerprint."""
+        import xxhash
+
+        h = hashlib.sha256()
+        for name in sorted(self._last):
+            h.update(f"{name}\0{self._dtypes[name]}\0{xxhash.xxh3_128_hexdigest(self._last[name])}\n".encode())
+        return h.hexdigest()
+
     def _changes(self, tensors) -> tuple[list[Change], int]:
         changes, changed = [], 0
         for name, t in tensors:
@@ -195,6 +206,7 @@ class WeightDeltas:
     def _full(self, tensors, version: int, mode: str, timeout, kind: str) -> PushResult:
         result = self.full_push(dict(tensors), version, mode=mode, timeout=timeout)
         self._last = {n: _bits(t).copy() for n, t in tensors}
+        self._dtypes = {n: DTYPE_NAMES[str(t.dtype)] for n, t in tensors}
         self.base_version, self.since_anchor = version, 0
         self.last_kind, self.last_changed, self.last_changes = kind, sum(t.numel() for _, t in tensors), []
         self.last_bytes = sum(t.numel() * t.element_size() for _, t in tensors)

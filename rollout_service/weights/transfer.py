@@ -342,7 +342,7 @@ class WeightTransfer:
                 await self._failed(commit, group, target, True)
                 raise
             outcome = PushOutcome(res.version, target, len(kept), total, missing, res.prepare_s, 0.0, res.apply_s,
-                                  res.pause_s, time.perf_counter() - t0, res.prepare_s)
+                                  res.pause_s, time.perf_counter() - t0, res.prepare_s, fingerprint=res.fingerprint)
             log.info("transfer push of %s version %d: %.1f MB in %.3f s (%.2f GB/s; validation %.3f s), paused %.3f s",
                      target, version, total / 1e6, outcome.total_s, total / outcome.total_s / 1e9,
                      t_commit - t0, res.pause_s)

@@ -28,7 +28,7 @@ def test_deltas_serve_the_trainers_weights_and_fall_back_to_a_full_push(client, 
         v += 1
         res = deltas.push(policy, v)
         kinds.append(deltas.last_kind)
-        assert res.version == v and res.fingerprint == fingerprint(policy)
+        assert res.version == v and res.fingerprint == fingerprint(policy) == deltas.fingerprint()
         if deltas.last_kind == "delta":
             assert res.base_version == v - 1 and res.num_bytes == deltas.last_bytes
             full_bytes = sum(p.numel() * 4 for p in policy.state_dict().values())

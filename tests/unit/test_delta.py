@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rollout_client.delta import Change, _bits, delta_stream, diff, fingerprint, save_delta
+from rollout_client.weights import push_stream
 from rollout_service.api import pb
 from rollout_service.errors import ServiceError
 from rollout_service.faults import COMMIT_POINTS
@@ -58,22 +59,24 @@ def changes_between(old: dict, new: dict) -> list[Change]:
     return out
 
 
-async def push_delta(svc, changes, version, base_version, chunk_bytes=64, tamper=None):
+async def push_delta(svc, changes, version, base_version, chunk_bytes=64, tamper=None, target="policy"):
     msgs = list(delta_stream(changes, version, base_version, target=pb.TARGET_POLICY, chunk_bytes=chunk_bytes,
                              pack_bytes=0))
     if tamper:
         tamper(msgs)
     h = msgs[0].header
-    header = Header(h.version, "policy", h.total_bytes, h.sha256, "wait", h.partial, base_version=h.base_version)
+    header = Header(h.version, target, h.total_bytes, h.sha256, "wait", h.partial, base_version=h.base_version)
+    return await svc.push(header, _items(msgs))
 
-    async def chunks():
-        for m in msgs[1:]:
-            if m.WhichOneof("item") == "trailer":
-                yield Trailer(m.trailer.sha256)
-                continue
+
+async def _items(msgs):
+    """A push stream's messages after the header, as WeightService.push takes them (one TensorChunk a message)."""
+    for m in msgs[1:]:
+        if m.WhichOneof("item") == "trailer":
+            yield Trailer(m.trailer.sha256)
+        else:
             c = m.chunk
             yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data, c.indices)
-    return await svc.push(header, chunks())
 
 
 def step(state: dict, seed: int, fraction: float = 0.01) -> dict:
@@ -253,4 +256,26 @@ def test_a_bf16_delta_over_float32_checkpoint_values_starts_from_their_bf16_cast
         new = step(base, 13)
         out = await push_delta(svc, changes_between(base, new), 2, 1)
         assert out.fingerprint == fingerprint(new) and all(torch.equal(_served(pool)[n], new[n]) for n in BASE)
+    asyncio.run(main())
+
+
+def test_the_drafter_takes_deltas_on_its_own_version_line(ckpt, tmp_path):
+    """UpdateDraft's deltas: against the drafter's version, the policy's untouched."""
+    async def main():
+        zero = {"d.weight": torch.zeros(10, 10)}
+        drafter = write_checkpoint(tmp_path / "drafter", zero)
+        pool = EnginePool([FakeEngine("e0")], max_queue=10, checkpoints={"policy": ckpt, "drafter": drafter})
+        await pool.start()
+        svc = WeightService.create(pool, "float32", weights_roots=[str(ckpt)])
+        new = {"d.weight": torch.zeros(10, 10)}
+        new["d.weight"][3, 4] = 1.0
+        with pytest.raises(ServiceError, match="header.base_version=2, but drafter version 0 is serving"):
+            await push_delta(svc, changes_between(zero, new), 1, 2, target="drafter")
+        full = list(push_stream(zero, 1, target=pb.TARGET_DRAFTER, pack_bytes=0))
+        await svc.push(Header(1, "drafter", full[0].header.total_bytes, "", "wait", False), _items(full))
+        out = await push_delta(svc, changes_between(zero, new), 2, 1, target="drafter")
+        assert out.target == "drafter" and out.base_version == 1 and out.fingerprint == fingerprint(new)
+        assert out.num_bytes == 8                          # one index and one float32 value
+        assert pool.versions == {"policy": 0, "drafter": 2}
+        assert torch.equal(pool.engines[0].weights["d.weight"], new["d.weight"])
     asyncio.run(main())
