@@ -237,7 +237,7 @@ def random_transfer(rng) -> pb.TransferRequest:
 
 def would_wait(data: bytes) -> bool:
     """An InitWeightTransfer the server would accept with a long timeout (0: the server's, 120 s): skipped."""
-    from rollout_service.validation import host_problem
+    from rollout_service.hosts import host_problem
 
     try:
         m = pb.WeightTransferInit.FromString(data)

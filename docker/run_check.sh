@@ -71,9 +71,10 @@ if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
 else
   engine=podman
   # podman and runc; catatonit for `--init` / compose's `init: true`; netavark and aardvark-dns for name resolution
-  # in a compose network
+  # in a compose network; iptables, which netavark runs to set a network up (without it `run` stopped with
+  # "netavark: No such file or directory" on a fresh machine)
   missing=()
-  for pkg in podman runc catatonit netavark aardvark-dns; do
+  for pkg in podman runc catatonit netavark aardvark-dns iptables; do
     dpkg -s "$pkg" > /dev/null 2>&1 || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -gt 0 ]; then

@@ -17,6 +17,7 @@ from typing import Annotated, Literal, get_args, get_origin
 
 import msgspec
 
+from rollout_service.hosts import allowed_entry_problem
 from rollout_service.wire import DTYPES as TENSOR_DTYPES
 
 SPEC_METHODS = ("none", "draft_model", "eagle3", "ngram", "suffix", "mtp")
@@ -452,8 +453,6 @@ def _k_schedule_rules(schedule, k: int) -> list[tuple[bool, str]]:
 
 def _check(cfg: ServerConfig) -> None:
     """The rules that relate several fields (each field's own limits and choices are in its type)."""
-    from rollout_service.validation import allowed_entry_problem      # (imports the API: not at module level)
-
     sec, sp = cfg.security, cfg.engine.speculation
     rules = [
         (bool(sec.tls_cert) == bool(sec.tls_key), "security: tls_cert and tls_key go together"),

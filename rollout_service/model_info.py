@@ -32,6 +32,16 @@ class MoeShape:
         return cls(experts, top_k, int(text["num_hidden_layers"]))
 
 
+def head_size_of(config: dict) -> int | None:
+    """A Hugging Face config's attention head size: head_dim, else hidden_size / num_attention_heads."""
+    text = config.get("text_config") or config
+    if text.get("head_dim"):
+        return int(text["head_dim"])
+    if text.get("hidden_size") and text.get("num_attention_heads"):
+        return int(text["hidden_size"]) // int(text["num_attention_heads"])
+    return None
+
+
 @dataclass
 class ModelInfo:
     path: str
@@ -39,6 +49,7 @@ class ModelInfo:
     max_model_len: int
     tokenizer: object          # a transformers tokenizer
     moe: MoeShape | None = None
+    head_size: int | None = None     # attention head size (None: not stated by its config)
 
     @classmethod
     def load(cls, path: str, max_model_len: int) -> "ModelInfo":
@@ -47,7 +58,8 @@ class ModelInfo:
         config = json.loads((Path(path) / "config.json").read_text())
         ctx = min(max_model_len, int(config.get("max_position_embeddings", max_model_len)))
         return cls(path=path, vocab_size=int(config["vocab_size"]), max_model_len=ctx,
-                   tokenizer=AutoTokenizer.from_pretrained(path), moe=MoeShape.of(config))
+                   tokenizer=AutoTokenizer.from_pretrained(path), moe=MoeShape.of(config),
+                   head_size=head_size_of(config))
 
     def decode(self, ids: list[int]) -> str:
         """A sample's text, as vLLM's detokenizer gives it (blocking: call in the tokenizer thread)."""

@@ -33,7 +33,7 @@ import msgspec
 
 from rollout_service.config import EngineConfig
 from rollout_service.engine.base import Engine, EngineState
-from rollout_service.engine.types import SeqRequest, SeqResult
+from rollout_service.engine.types import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, SeqRequest, SeqResult
 
 log = logging.getLogger(__name__)
 NAMESPACE = "rollout-service"
@@ -71,11 +71,11 @@ class EngineActor:
 
     async def add_adapter(self, name: str, lora_id: int, refs: list) -> None:
         """`refs`: the object-store copies of the version's adapter_config.json and adapter_model.safetensors."""
-        from rollout_service.weights.adapters import CONFIG_FILE, WEIGHTS_FILE
 
         config, weights = await asyncio.gather(*refs)       # refs inside a list are not resolved by Ray
         folder = _adapters_root() / str(lora_id)
-        await asyncio.to_thread(_write_adapter, folder, {CONFIG_FILE: config, WEIGHTS_FILE: weights})
+        await asyncio.to_thread(_write_adapter, folder,
+                                {ADAPTER_CONFIG_FILE: config, ADAPTER_WEIGHTS_FILE: weights})
         try:
             await self.engine.add_adapter(name, lora_id, str(folder))
         except BaseException:
@@ -330,9 +330,9 @@ class RayEngine(Engine):
         await self.actor.discard_weights.remote()
 
     async def add_adapter(self, name: str, lora_id: int, path: str) -> None:
-        from rollout_service.weights.adapters import CONFIG_FILE, WEIGHTS_FILE
 
-        refs = await _SharedFile.get([str(Path(path) / CONFIG_FILE), str(Path(path) / WEIGHTS_FILE)])
+        refs = await _SharedFile.get([str(Path(path) / ADAPTER_CONFIG_FILE),
+                                      str(Path(path) / ADAPTER_WEIGHTS_FILE)])
         await _cause(self.actor.add_adapter.remote(name, lora_id, refs))
 
     async def remove_adapter(self, lora_id: int) -> None:

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import msgspec
 
+# A LoRA adapter's directory as PEFT writes it and vLLM loads it (the pool and a Ray engine name its files)
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
 
 class SeqRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One sequence to generate: a single sample of one prompt."""

@@ -50,12 +50,21 @@ def speculative_config(sp) -> dict | None:
 K_SCHEDULER = "rollout_service.speculation.k_scheduler.KControlledScheduler"
 
 
-def check_supported(cfg: EngineConfig, moe: bool) -> None:
+def check_supported(cfg: EngineConfig, moe: bool, head_size: int | None = None) -> None:
     """Refuse at start-up, naming the flag, what the engines here cannot serve: fp8 / mxfp8 and batch-invariant
-    kernels where vLLM does not build them (this CPU), int8 for a mixture of experts (not built here)."""
+    kernels where vLLM does not build them (this CPU), int8 for a mixture of experts (not built here), and an attention
+    head size vLLM's CPU attention lacks (it started, said ready, and died at the first request, then again)."""
     from rollout_service.config import ConfigError
 
     cpu = is_cpu_platform()
+    if cpu and head_size:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_size not in sizes:
+            raise ConfigError(f"the model's attention head size is {head_size} (config.json head_dim, or hidden_size / "
+                              f"num_attention_heads); vLLM's CPU attention supports {', '.join(map(str, sizes))}: "
+                              "serve this model on GPU nodes, or choose one with a supported head size")
     for field, flag, method in (("engine.quantization", "--quantization", cfg.quantization),
                                 ("engine.speculation.quantization", "--draft-quantization",
                                  cfg.speculation.quantization)):

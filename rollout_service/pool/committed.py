@@ -27,7 +27,7 @@ from rollout_service.durable import fsync_path, write_json_atomically
 from rollout_service.faults import crash_point
 from rollout_service.fingerprint import Digest, combine, file_digests, tensor_ranges
 from rollout_service.scratch import recycle
-from rollout_service.weights.layers import completion
+from rollout_service.pool.layers import completion
 
 log = logging.getLogger(__name__)
 TARGETS = ("policy", "drafter")
@@ -170,7 +170,7 @@ class CommittedWeights:
         return cache[target]
 
     def whole_layers(self, names, target: str) -> list[str]:
-        """The other checkpoint tensors of the engine layers `names` load into (weights/layers.py): a partial load
+        """The other checkpoint tensors of the engine layers `names` load into (pool/layers.py): a partial load
         must carry their committed values too."""
         return completion(names, self.checkpoint_names(target))
 

@@ -17,7 +17,7 @@ import grpc
 import msgspec
 
 from rollout_service.engine.base import Engine, EngineState
-from rollout_service.engine.types import SeqRequest
+from rollout_service.engine.types import ADAPTER_WEIGHTS_FILE, SeqRequest
 from rollout_service.config import LoraConfig
 from rollout_service.errors import ServiceError, refused_by_engine, unavailable
 from rollout_service.pool.adapters import AdapterRegistry, AdapterVersion
@@ -27,7 +27,6 @@ from rollout_service.pool.partial import Partial
 from rollout_service.pool.requests import IndexedResult, RequestRecord, RequestRegistry
 from rollout_service.pool.sessions import SessionTable
 from rollout_service.pool.telemetry import Telemetry
-from rollout_service.weights.adapters import WEIGHTS_FILE
 from rollout_service.scratch import ADAPTER_STAGING, recycle, scratch_root
 
 log = logging.getLogger(__name__)
@@ -437,5 +436,5 @@ def _drop_adapter_files(folder: Path) -> None:
     faults more. Only once every engine removed the version: vLLM's add_lora may keep the tensors safetensors maps from
     the file (not copies), so the file of a version an engine holds is never written. An engine whose removal failed
     may still map it, but nothing is served from that version again. Blocking: in a thread."""
-    recycle(folder / WEIGHTS_FILE, scratch_root() / ADAPTER_STAGING)
+    recycle(folder / ADAPTER_WEIGHTS_FILE, scratch_root() / ADAPTER_STAGING)
     shutil.rmtree(folder, ignore_errors=True)

@@ -222,17 +222,29 @@ class RolloutServer:
         log.info("stopped")
 
 
+def fit_context(cfg: ServerConfig, model: ModelInfo) -> None:
+    """Serve at most the model's context, as `vllm serve` does without --max-model-len: asked for more (the default
+    2048 on a 1024-token model), vLLM stops with a pydantic traceback; here a warning names the flag and both
+    lengths."""
+    if model.max_model_len < cfg.engine.max_model_len:
+        log.warning("engine.max_model_len (--max-model-len) %d is above the model's context, %d (config.json "
+                    "max_position_embeddings): serving %d tokens per sequence", cfg.engine.max_model_len,
+                    model.max_model_len, model.max_model_len)
+        cfg.engine.max_model_len = model.max_model_len
+
+
 async def serve(cfg: ServerConfig, model_path: str, factory: Callable[[str], Engine] | None = None) -> None:
     """factory: engine id -> Engine (default: real vLLM engines per the config)."""
     lifeline.mark_front_end()        # engine processes started from here die with this process (SIGKILL too)
     model = ModelInfo.load(model_path, cfg.engine.max_model_len)
+    fit_context(cfg, model)
     freed = sweep_stale_roots()
     if freed:
         log.info("removed %.1f MB of weight-push staging left by server processes that no longer run", freed / 1e6)
     if factory is None:
         from rollout_service.engine.vllm_engine import check_supported
 
-        check_supported(cfg.engine, moe=model.moe is not None)     # fp8 or batch invariance on CPU: ConfigError
+        check_supported(cfg.engine, moe=model.moe is not None, head_size=model.head_size)   # ConfigError
     server = RolloutServer(cfg, model, factory or engine_factory(cfg, model_path))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

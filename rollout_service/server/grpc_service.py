@@ -126,7 +126,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
         await self.pool.refresh_k_control(0.5)          # the k controller's state as of now, not of the last second
-        return self.status()
+        return self.status(tenant_of(context, self.creds))
 
     def routes_capture(self) -> str:
         """How routed experts are captured: vLLM's own capture, driven by this project's V1-runner patch where vLLM
@@ -136,7 +136,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         patched = any(p["name"] == "v1_routed_experts" and p["state"] == "applied" for p in self.pool.patch_report())
         return "vllm_v1_patch" if patched else "vllm"
 
-    def status(self) -> pb.Status:
+    def status(self, tenant=None) -> pb.Status:
+        """The service's state; a tenant's (auth.Tenant) view shows only its own adapters and its own entry."""
         sp = self.speculation
         k = sp.num_speculative_tokens if sp.method != "none" else 0
         status = status_to_proto(self.pool, self.model.path, self.model.vocab_size, self.model.max_model_len,
@@ -149,10 +150,16 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             status.warnings.append("weight transfer: " + "".join(map(str, self.transfer.last_error)) +
                                    "; InitWeightTransfer sets a group up again")
         for _, t in (self.creds.tenants if self.creds else ()):
+            if tenant is not None and t.name != tenant.name:
+                continue
             status.tenants.add(name=t.name, policies=list(t.policies), admitted_sequences=self.pool.tenant_load[t.name],
                                max_sequences=t.max_sequences or self.pool.max_queue,
                                waiting_sequences=self.pool.fair.waiting_of(t.name) if self.pool.fair else 0,
                                samples_total=self.pool.tenant_samples[t.name])
+        if tenant is not None:                     # other tenants' adapter names are theirs
+            mine = [a for a in status.adapters if tenant.owns(a.name)]
+            del status.adapters[:]
+            status.adapters.extend(mine)
         for w in status.warnings:
             if w not in self._warned:
                 self._warned.add(w)

@@ -43,7 +43,9 @@ def metrics(request: Request) -> Response:
 @router.get("/v1/status")
 def status(request: Request) -> dict:
     """The same content as the GetStatus RPC, as JSON."""
-    return MessageToDict(request.app.state.servicer.status(), preserving_proto_field_name=True,
+    creds = request.app.state.creds
+    tenant = creds.tenant(getattr(request.state, "role", None)) if creds is not None else None
+    return MessageToDict(request.app.state.servicer.status(tenant), preserving_proto_field_name=True,
                          always_print_fields_with_no_presence=True)
 
 

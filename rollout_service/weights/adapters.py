@@ -16,15 +16,14 @@ from pathlib import Path
 
 import grpc
 
+from rollout_service.engine.types import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rollout_service.errors import ServiceError, invalid_field
 from rollout_service.weights.manifest import Manifest, TensorSpec
 
 PREFIX = "base_model.model."
-NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_CONFIG_BYTES = 64 << 10
 LAYER = re.compile(r"model\.layers\.\d+\.")      # decoder layers (Llama, Qwen, Mistral, ...)
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE, WEIGHTS_FILE = ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 
 @dataclass(frozen=True)
@@ -51,14 +50,6 @@ class AdapterSpec:
                 n *= d
             total += n * ITEMSIZE[spec.dtype]
         return total
-
-
-def name_problem(name: str) -> str | None:
-    """What is wrong with an adapter name, or None."""
-    if not NAME.fullmatch(name):
-        return (f"{name[:80]!r} is not an adapter name: 1-64 characters, letters, digits, '.', '_' or '-'"
-                if name else "required: the adapter's name (the policy requests name)")
-    return None
 
 
 def _matches(module: str, targets) -> bool:

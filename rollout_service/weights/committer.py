@@ -76,7 +76,7 @@ class WeightCommitter:
         False if it loads `files` in place once paused (default: each engine prepares from `files` + `fill`). A
         weight transfer prepares from its group, and `files` is then the record one engine writes while it
         receives. `fill`: the files (zero or one) with the committed values of the rest of the engine layers a
-        partial push touches (weights/layers.py), loaded after the pushed tensors; never recorded.
+        partial push touches (pool/layers.py), loaded after the pushed tensors; never recorded.
         base_version and delta: a delta push (weights/delta.py). Under the push lock, once the base is checked again,
         delta(committed) -> StagedWeights makes it whole (in a thread) and its file is committed (and owned) as
         `files`."""

@@ -14,7 +14,8 @@ from rollout_service.errors import Name, ServiceError, invalid, invalid_field
 from rollout_service.scratch import recycle
 from rollout_service.weights.adapter_commit import AdapterCommitter
 from rollout_service.weights.adapters import (CONFIG_FILE, MAX_CONFIG_BYTES, WEIGHTS_FILE, AdapterSpec, check_size,
-                                              name_problem, parse_config)
+                                              parse_config)
+from rollout_service.validation import name_problem
 from rollout_service.weights.committer import WeightCommitter
 from rollout_service.weights.delta import Delta, DeltaStager, materialize, read_delta_files
 from rollout_service.weights.manifest import Manifest, read_headers, read_manifest

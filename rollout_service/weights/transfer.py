@@ -26,7 +26,8 @@ import grpc
 
 from rollout_service.engine.base import Engine, EngineState
 from rollout_service.errors import Name, ServiceError, about_field, invalid_field
-from rollout_service.validation import allowed_networks, host_problem, number_problem, outside, peer_ip
+from rollout_service.hosts import allowed_networks, host_problem, outside, peer_ip
+from rollout_service.validation import number_problem
 from rollout_service.scratch import scratch_root, take_spare
 from rollout_service.weights.service import PushOutcome, WeightService
 from rollout_service.wire import ITEMSIZE

@@ -1,5 +1,5 @@
-"""A partial push loads whole engine layers (weights/layers.py): the tensors that share a fused vLLM layer."""
-from rollout_service.weights.layers import completion, engine_layer
+"""A partial push loads whole engine layers (pool/layers.py): the tensors that share a fused vLLM layer."""
+from rollout_service.pool.layers import completion, engine_layer
 
 NAMES = [f"model.layers.{i}.{part}" for i in range(2) for part in (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",

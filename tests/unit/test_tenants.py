@@ -176,4 +176,14 @@ def test_http_dialects_hold_a_tenant_to_its_adapters(tmp_path):
                              headers={"Authorization": f"Bearer {A}"})      # the client token: anything served
             assert r.status_code == 200, r.text
         assert pool.tenant_samples["team1"] == 1
+        # a tenant's status names its own adapters and its own entry, never another tenant's
+        t1 = creds.tenant("tenant:team1")
+        assert [a.name for a in servicer.status(t1).adapters] == ["alice"]
+        assert [t.name for t in servicer.status(t1).tenants] == ["team1"]
+        assert sorted(a.name for a in servicer.status().adapters) == ["alice", "bob"]      # the admin's view
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            seen = (await c.get("/v1/status", headers=auth)).json()
+            assert [a["name"] for a in seen["adapters"]] == ["alice"], seen["adapters"]
+            seen = (await c.get("/v1/status", headers={"Authorization": f"Bearer {ADMIN}"})).json()
+            assert sorted(a["name"] for a in seen["adapters"]) == ["alice", "bob"]
     asyncio.run(main())

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from rollout_service.errors import ServiceError
-from rollout_service.validation import allowed_entry_problem, host_problem, peer_ip
+from rollout_service.hosts import allowed_entry_problem, host_problem, peer_ip
 from rollout_service.weights import transfer as transfer_mod
 from rollout_service.weights.transfer import Meta, WeightTransfer
 from tests.fake_engine import FakeEngine
