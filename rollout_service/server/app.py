@@ -222,15 +222,18 @@ class RolloutServer:
         log.info("stopped")
 
 
-def fit_context(cfg: ServerConfig, model: ModelInfo) -> None:
+def fit_context(cfg: ServerConfig, model: ModelInfo) -> str | None:
     """Serve at most the model's context, as `vllm serve` does without --max-model-len: asked for more (the default
     2048 on a 1024-token model), vLLM stops with a pydantic traceback; here a warning names the flag and both
-    lengths."""
-    if model.max_model_len < cfg.engine.max_model_len:
-        log.warning("engine.max_model_len (--max-model-len) %d is above the model's context, %d (config.json "
-                    "max_position_embeddings): serving %d tokens per sequence", cfg.engine.max_model_len,
-                    model.max_model_len, model.max_model_len)
-        cfg.engine.max_model_len = model.max_model_len
+    lengths (returned too)."""
+    if model.max_model_len >= cfg.engine.max_model_len:
+        return None
+    said = (f"engine.max_model_len (--max-model-len) {cfg.engine.max_model_len} is above the model's context, "
+            f"{model.max_model_len} (config.json max_position_embeddings): serving {model.max_model_len} tokens per "
+            "sequence")
+    log.warning("%s", said)
+    cfg.engine.max_model_len = model.max_model_len
+    return said
 
 
 async def serve(cfg: ServerConfig, model_path: str, factory: Callable[[str], Engine] | None = None) -> None:

@@ -108,20 +108,17 @@ def test_config_and_start_up_refusals_name_the_flag(monkeypatch):
     vllm_engine.check_supported(EngineConfig(quantization="fp8", batch_invariant=True), moe=False, head_size=24)
 
 
-def test_a_model_shorter_than_the_configured_context_is_served_at_its_own(caplog):
+def test_a_model_shorter_than_the_configured_context_is_served_at_its_own():
     """--max-model-len 2048 (the default) on a 1024-token model: vLLM refused it with a pydantic traceback; the service
     serves 1024 and says so. The head size comes from head_dim, else hidden_size / num_attention_heads."""
-    import logging
-
     from rollout_service.config import ServerConfig
     from rollout_service.model_info import ModelInfo, head_size_of
     from rollout_service.server.app import fit_context
 
     cfg = ServerConfig()
-    with caplog.at_level(logging.WARNING):
-        fit_context(cfg, ModelInfo(path="m", vocab_size=10, max_model_len=1024, tokenizer=None))
-    assert cfg.engine.max_model_len == 1024
-    assert "--max-model-len) 2048 is above the model's context, 1024" in caplog.text
+    said = fit_context(cfg, ModelInfo(path="m", vocab_size=10, max_model_len=1024, tokenizer=None))
+    assert cfg.engine.max_model_len == 1024 and "--max-model-len) 2048 is above the model's context, 1024" in said
+    assert fit_context(cfg, ModelInfo(path="m", vocab_size=10, max_model_len=4096, tokenizer=None)) is None
     assert head_size_of({"hidden_size": 96, "num_attention_heads": 4}) == 24
     assert head_size_of({"hidden_size": 576, "num_attention_heads": 9, "head_dim": 64}) == 64
 
