@@ -1,6 +1,8 @@
 """A weight service over FakeEngines (no vLLM), shared by the unit tests of commits, staging, the scratch
 folder and engine recovery."""
 
+import asyncio
+
 import pytest
 import torch
 from rollout_client.weights import push_stream
@@ -47,6 +49,20 @@ async def push(svc, weights, version, **kw):
             c = m.chunk
             yield Chunk(c.name, c.dtype, tuple(c.shape), c.offset, c.data)
     return await svc.push(header, chunks())
+
+
+def push_then_crash(start, first, second, point: str) -> None:
+    """A server for run_until_killed: `await start()` -> a weight service, `await first(svc)` commits, then with
+    ROLLOUT_CRASH_AT=`point` armed `await second(svc)`; exits 3 if the crash point never fired."""
+    import os
+
+    async def main():
+        svc = await start()
+        await first(svc)
+        os.environ["ROLLOUT_CRASH_AT"] = point
+        await second(svc)
+    asyncio.run(main())
+    os._exit(3)
 
 
 def run_until_killed(target, args: tuple, point: str) -> None:

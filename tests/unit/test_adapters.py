@@ -27,7 +27,7 @@ from rollout_service.weights.adapters import PREFIX, parse_config
 from rollout_service.weights.manifest import read_manifest
 from rollout_service.weights.service import Chunk, Header, Trailer, WeightService
 from tests.fake_engine import FakeEngine
-from tests.unit.conftest import run_until_killed
+from tests.unit.conftest import push_then_crash, run_until_killed
 
 H, INTER = 6, 10           # hidden and intermediate sizes of the fake decoder layer
 BASE = {"model.embed_tokens.weight": torch.zeros(50, H), "lm_head.weight": torch.zeros(50, H),
@@ -393,23 +393,16 @@ async def test_an_adapter_commit_whose_record_cannot_be_written_changes_nothing(
     assert all(r.version_spans == [(1, 0)] for r in got)
 
 
-def _push_adapter_and_crash(ckpt, state, point):
-    import os
-
-    async def main():
-        _, weights, _ = await make(ckpt, state_dir=state)
-        await push(weights, "alice", 1)
-        os.environ["ROLLOUT_CRASH_AT"] = point
-        await push(weights, "alice", 2)
-    asyncio.run(main())
-    os._exit(3)                                   # the crash point never fired
 
 
 @pytest.mark.parametrize("point", ADAPTER_COMMIT_POINTS)
 def test_a_server_killed_at_any_phase_of_an_adapter_commit_restarts_at_the_old_or_the_new_version(ckpt, tmp_path,
                                                                                                    point):
     state = tmp_path / "state"
-    run_until_killed(_push_adapter_and_crash, (ckpt, state, point), point)
+    async def start():
+        return (await make(ckpt, state_dir=state))[1]
+    run_until_killed(push_then_crash, (start, lambda w: push(w, "alice", 1), lambda w: push(w, "alice", 2), point),
+                     point)
 
     async def main():
         pool, weights, service = await make(ckpt, state_dir=state)

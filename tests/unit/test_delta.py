@@ -3,7 +3,6 @@ what a full push of the same state serves (values and fingerprint), a delta agai
 changes nothing, LoadWeights takes a delta file, and a server killed at any phase of a delta's commit restarts at the
 old or the new version."""
 import asyncio
-import os
 
 import grpc
 import numpy as np
@@ -19,7 +18,7 @@ from rollout_service.pool.pool import EnginePool
 from rollout_service.server.convert import status_to_proto
 from rollout_service.weights.service import Chunk, Header, Trailer, WeightService
 from tests.fake_engine import FakeEngine
-from tests.unit.conftest import push, run_until_killed, write_checkpoint
+from tests.unit.conftest import push, push_then_crash, run_until_killed, write_checkpoint
 
 BASE = {"a.weight": torch.linspace(-1, 1, 4000).reshape(40, 100), "b.bias": torch.ones(5, dtype=torch.bfloat16),
         "c.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
@@ -215,21 +214,15 @@ def test_load_weights_takes_a_delta_file(ckpt, tmp_path):
     asyncio.run(main())
 
 
-def _delta_and_crash(ckpt, state, point):
-    async def main():
-        _, svc = await _server(ckpt, state)
-        await push(svc, BASE, 1)
-        os.environ["ROLLOUT_CRASH_AT"] = point
-        await push_delta(svc, changes_between(BASE, step(BASE, 11)), 2, 1)
-    asyncio.run(main())
-    os._exit(3)                                   # the crash point never fired
-
-
 @pytest.mark.parametrize("point", COMMIT_POINTS)
 def test_a_server_killed_at_any_phase_of_a_delta_commit_restarts_at_the_old_or_the_new_version(ckpt, tmp_path,
                                                                                                point):
     state = tmp_path / "state"
-    run_until_killed(_delta_and_crash, (ckpt, state, point), point)
+    async def start():
+        return (await _server(ckpt, state))[1]
+    delta = changes_between(BASE, step(BASE, 11))
+    run_until_killed(push_then_crash, (start, lambda svc: push(svc, BASE, 1), lambda svc: push_delta(svc, delta, 2, 1),
+                                       point), point)
 
     async def main():
         pool, svc = await _server(ckpt, state)

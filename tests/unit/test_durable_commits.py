@@ -2,7 +2,6 @@
 last committed versions; a server SIGKILLed at any phase of a commit restarts at the old or the new version,
 never a mixture. FakeEngines hold the tensors they were given, so the values each version serves are checked."""
 import asyncio
-import os
 
 import grpc
 import pytest
@@ -14,7 +13,7 @@ from rollout_service.pool.pool import EnginePool
 from rollout_service.server.convert import status_to_proto
 from rollout_service.weights.service import WeightService
 from tests.fake_engine import FakeEngine
-from tests.unit.conftest import ORIGINAL, push, run_until_killed, write_checkpoint
+from tests.unit.conftest import ORIGINAL, push, push_then_crash, run_until_killed, write_checkpoint
 
 V1 = {"a.weight": torch.full((4, 3), 1.0), "b.bias": torch.full((5,), 1.0, dtype=torch.bfloat16)}
 V2 = {"a.weight": torch.full((4, 3), 2.0), "b.bias": torch.full((5,), 2.0, dtype=torch.bfloat16)}
@@ -97,20 +96,13 @@ def test_versions_still_increase_after_a_restart(ckpt, tmp_path):
     asyncio.run(main())
 
 
-def _push_and_crash(ckpt, state, point):
-    async def main():
-        _, svc = await _server(ckpt, state)
-        await push(svc, V1, 1)
-        os.environ["ROLLOUT_CRASH_AT"] = point
-        await push(svc, V2, 2)
-    asyncio.run(main())
-    os._exit(3)                                   # the crash point never fired
-
-
 @pytest.mark.parametrize("point", COMMIT_POINTS)
 def test_a_server_killed_at_any_phase_of_a_commit_restarts_at_the_old_or_the_new_version(ckpt, tmp_path, point):
     state = tmp_path / "state"
-    run_until_killed(_push_and_crash, (ckpt, state, point), point)
+    async def start():
+        return (await _server(ckpt, state))[1]
+    run_until_killed(push_then_crash, (start, lambda svc: push(svc, V1, 1), lambda svc: push(svc, V2, 2), point),
+                     point)
 
     async def main():
         pool, svc = await _server(ckpt, state)
