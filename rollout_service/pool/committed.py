@@ -195,11 +195,13 @@ class CommittedWeights:
         """name -> (file, dtype, start, end): where the committed value of each of `names` lies (overlay first, else
         the checkpoint). Reads headers only."""
         wanted = set(names)
-        out = {}
+        out, headers = {}, {}
         for name in wanted:
             src = self.overlay[target].get(name)
             if src is not None:
-                out[name] = (src, *tensor_ranges(src)[name])
+                if src not in headers:                 # a file's header read once
+                    headers[src] = tensor_ranges(src)
+                out[name] = (src, *headers[src][name])
         for f in sorted(self.checkpoints[target].glob("*.safetensors")):
             for name, where in tensor_ranges(f).items():
                 if name in wanted and name not in out:
