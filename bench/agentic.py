@@ -26,18 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from harness import VllmServe, engine_flags, logs_dir, pct, progress, ratios, services, turns, write_result
 
-from vs_vllm_serve import SETTLE_S, VllmServe, engine_flags, pct  # noqa: E402
-
-from rollout_tasks.calculator import calculator  # noqa: E402  (the task's tool: ast-evaluated, errors as text)
+from rollout_tasks.calculator import calculator  # the task's tool: ast-evaluated, errors as text
 
 ARMS = ("vllm_serve", "dialect", "grpc")
 
@@ -172,15 +167,12 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--kv-cache-gb", type=float, default=1)
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--out", default="bench/results/agentic.json")
+    ap.add_argument("--out", default=None, help="default bench/results/agentic.json")
     args = ap.parse_args()
 
-    from tqdm import tqdm
-
     from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
 
-    logs = Path(tempfile.mkdtemp(prefix="agentic-"))
+    logs = logs_dir("agentic")
     if args.model == "tool":
         from tests.tiny_models import TOOL_CALCULATOR, TOOL_PROBLEMS, build_tiny_tool_model
 
@@ -194,33 +186,25 @@ def main() -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     flags, env = engine_flags(model, args.dtype, args.max_model_len, args.max_num_seqs, args.kv_cache_gb)
     flags += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    vllm = VllmServe(model, flags, env, logs / "vllm_serve.log")
     ours = ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs",
             str(args.max_num_seqs), "--kv-cache-gb", str(args.kv_cache_gb), "--tool-call-parser", "hermes"]
-    svc = ServiceProcess(model, extra_args=ours, log_path=logs / "service.log")
     rows = []
-    try:
-        vllm.start()
-        svc.start()
-        with RolloutClient(svc.target):
-            targets = {"vllm_serve": vllm.http, "dialect": svc.http, "grpc_target": svc.target}
-            for arm in ARMS:                                        # warm-up: every path once
-                run_batch(arm, targets, questions[:2], tool, args.max_turns, 16)
-            with tqdm(total=args.rounds * len(levels) * len(ARMS), desc="batches", unit="batch") as bar:
-                for r in range(args.rounds):
-                    for conc in levels:
-                        picked = [questions[(r * conc + i) % len(questions)] for i in range(conc)]
-                        order = ARMS[r % 3:] + ARMS[:r % 3]
-                        got = {}
-                        for arm in order:
-                            time.sleep(SETTLE_S)
-                            got[arm] = run_batch(arm, targets, picked, tool, args.max_turns, args.max_tokens)
-                            bar.set_postfix(arm=arm, c=conc, tok_s=round(got[arm]["tok_s"], 1))
-                            bar.update()
-                        rows.append({"round": r, "concurrency": conc, "order": list(order), **got})
-    finally:
-        svc.stop()
-        vllm.stop()
+    with services(model, {"vllm_serve": VllmServe(model, flags, env, logs / "vllm_serve.log"), "service": ours},
+                  logs) as up, RolloutClient(up["service"].target):
+        targets = {"vllm_serve": up["vllm_serve"].http, "dialect": up["service"].http,
+                   "grpc_target": up["service"].target}
+        for arm in ARMS:                                        # warm-up: every path once
+            run_batch(arm, targets, questions[:2], tool, args.max_turns, 16)
+        with progress(args.rounds * len(levels) * len(ARMS)) as bar:
+            for r in range(args.rounds):
+                for conc in levels:
+                    picked = [questions[(r * conc + i) % len(questions)] for i in range(conc)]
+                    got = {}
+                    for arm in turns(ARMS, r):
+                        got[arm] = run_batch(arm, targets, picked, tool, args.max_turns, args.max_tokens)
+                        bar.set_postfix(arm=arm, c=conc, tok_s=round(got[arm]["tok_s"], 1))
+                        bar.update()
+                    rows.append({"round": r, "concurrency": conc, "order": list(got), **got})
     summary = []
     for conc in levels:
         rs = [x for x in rows if x["concurrency"] == conc]
@@ -232,29 +216,27 @@ def main() -> int:
                 ts = sorted(t for x in rs for t in x[arm][f"ttft_{which}_s"])
                 row[f"{arm}_ttft_{which}_p50_s"] = pct(ts, 0.5)
             if arm != "vllm_serve":
-                row[f"{arm}_throughput_ratio"] = statistics.median(x[arm]["tok_s"] / x["vllm_serve"]["tok_s"]
-                                                                   for x in rs)
+                ratio = ratios(rs, arm, "vllm_serve")
+                row[f"{arm}_throughput_ratio"], row[f"{arm}_throughput_ratio_range"] = ratio["median"], [
+                    ratio["min"], ratio["max"]]
                 later = [statistics.median(x[arm]["ttft_later_s"]) / statistics.median(x["vllm_serve"]["ttft_later_s"])
                          for x in rs if x[arm]["ttft_later_s"] and x["vllm_serve"]["ttft_later_s"]]
                 row[f"{arm}_ttft_later_ratio"] = statistics.median(later) if later else None
         cached = [c for x in rs for c in x["grpc"]["cached_later"]]
         row["grpc_later_turns_cached_tokens_mean"] = statistics.mean(cached) if cached else None
         summary.append(row)
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-           "command": "bench/agentic.py " + " ".join(sys.argv[1:]), "model": args.model,
-           "vllm_serve_flags": vllm.args, "max_turns": args.max_turns, "max_tokens": args.max_tokens,
-           "summary": summary, "rounds": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    config = {"model": args.model, "vllm_serve_flags": flags, "max_turns": args.max_turns,
+              "max_tokens": args.max_tokens}
+    path = write_result("agentic", config, summary, rows, args.out)
     print(f"{'conc':>4} {'vllm tok/s':>10} {'dialect x':>9} {'grpc x':>7} {'turns/ep v/d/g':>16} "
           f"{'ttft later p50 ms v/d/g':>24} {'later x d/g':>12}")
     for s in summary:
-        turns = "/".join(f"{s[f'{a}_turns_per_episode']:.2f}" for a in ARMS)
+        per_episode = "/".join(f"{s[f'{a}_turns_per_episode']:.2f}" for a in ARMS)
         later = "/".join(f"{1000 * (s[f'{a}_ttft_later_p50_s'] or 0):.0f}" for a in ARMS)
         lx = "/".join(f"{s[f'{a}_ttft_later_ratio'] or 0:.2f}" for a in ("dialect", "grpc"))
         print(f"{s['concurrency']:>4} {s['vllm_serve_tok_s']:>10.1f} {s['dialect_throughput_ratio']:>9.3f} "
-              f"{s['grpc_throughput_ratio']:>7.3f} {turns:>16} {later:>24} {lx:>12}")
-    print(f"results: {args.out}")
+              f"{s['grpc_throughput_ratio']:>7.3f} {per_episode:>16} {later:>24} {lx:>12}")
+    print(f"results: {path}")
     return 0
 
 

@@ -14,45 +14,36 @@ delta's pause no longer than the full push's. Writes bench/results/delta_sync.js
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 import zlib
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+from harness import services, write_result
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--trainer-args", default="", help="more rollout-grpo arguments (quoted)")
-    ap.add_argument("--out", default=str(RESULTS / "delta_sync.json"))
+    ap.add_argument("--out", default=None, help="default bench/results/delta_sync.json")
     args = ap.parse_args()
 
     import torch
     from rollout_client import RolloutClient
     from rollout_client.delta import fingerprint
-    from rollout_client.launcher import ServiceProcess, run_command
+    from rollout_client.launcher import run_command
     from trainer_example import train
 
     policy_dir = run_command("prepare-model")
     tmp = Path(tempfile.mkdtemp(prefix="delta-sync-"))
     extra = ["--dtype", "bfloat16", "--speculation", "none"]
     rows: list[dict] = []
-    with ServiceProcess(policy_dir, extra_args=extra, log_path=tmp / "a.log") as a, \
-            ServiceProcess(policy_dir, extra_args=extra, log_path=tmp / "b.log") as b, \
-            RolloutClient(a.target) as ca, RolloutClient(b.target) as cb:
-        targs = train.parse_args(["--target", a.target, "--engine-dtype", "bfloat16", "--speculation", "none",
+    with services(policy_dir, {"a": extra, "b": extra}, tmp) as up, RolloutClient(up["a"].target) as ca, \
+            RolloutClient(up["b"].target) as cb:
+        targs = train.parse_args(["--target", up["a"].target, "--engine-dtype", "bfloat16", "--speculation", "none",
                                   "--weight-delta", "on", "--weight-sync", "push", "--steps", str(args.steps),
                                   "--eval-every", str(10 * args.steps), "--eval-size", "8", "--no-save-final",
                                   "--out", str(tmp / "run"), *shlex.split(args.trainer_args)])
@@ -127,12 +118,7 @@ def report(rows: list[dict], args) -> None:
         delta_prepare_s=med("delta_prepare_s"), full_prepare_s=med("full_prepare_s"),
         all_same_weights=all(r["same_weights"] for r in rows))
     print("\n" + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
-    out = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node(),
-               cpu=platform.processor() or platform.machine(), command="bench/delta_sync.py " + " ".join(
-                   shlex.quote(a) for a in sys.argv[1:]), **summary, rows=rows)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
-
+    print(f"wrote {write_result('delta_sync', vars(args), summary, rows, args.out)}")
 
 if __name__ == "__main__":
     raise SystemExit(main())

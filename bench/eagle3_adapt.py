@@ -12,7 +12,6 @@ its generation time no slower, and the adaptation (time on the trainer's critica
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from trainer_example.plot import read_jsonl
@@ -166,7 +165,12 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "table.md").write_text("\n".join(lines) + "\n")
-        (out / "summary.json").write_text(json.dumps({fname: frozen, oname: online, "goals": met}, indent=2))
+        try:
+            from bench.harness import write_result          # python -m bench.eagle3_adapt
+        except ImportError:
+            from harness import write_result                # python bench/eagle3_adapt.py
+        write_result("eagle3_adapt", {"frozen": args.frozen, "online": args.online, "last": args.last},
+                     {fname: frozen, oname: online, "goals": met}, out=out / "summary.json")
         for p in plot(runs, out):
             print(p)
     return 0

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+from harness import write_result
 
 OFF = "ROLLOUT_DISABLE_WORKER_FORK"        # engine/patches.py: cpu_worker_fork switched off -> vLLM spawns
 
@@ -46,13 +46,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a model directory (default: the tests' tiny model, built here)")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine_start.json"))
+    ap.add_argument("--out", default=None, help="default bench/results/engine_start.json")
     args = ap.parse_args()
     model = args.model
     if model is None:
-        import sys
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.tiny_models import build_tiny_model
 
         model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny-llama"))
@@ -65,14 +62,11 @@ def main() -> int:
     assert len({tuple(r["tokens"]) for r in runs}) == 1, "the same seeded sample from every engine"
     med = {k: {m: statistics.median(r[k] for r in runs if r["fork"] == (m == "fork")) for m in ("fork", "spawn")}
            for k in ("start_s", "stop_s")}
-    summary = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "model": model,
-               "pairs": args.pairs, "median": med,
-               "start_ratio_spawn_over_fork": round(med["start_s"]["spawn"] / med["start_s"]["fork"], 2),
-               "load_average": os.getloadavg(), "runs": runs}
-    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    summary = {"median": med, "start_ratio_spawn_over_fork": round(med["start_s"]["spawn"] / med["start_s"]["fork"], 2)}
+    path = write_result("engine_start", {"model": model, "pairs": args.pairs}, summary, runs, args.out)
     print(f"median start: fork {med['start_s']['fork']:.1f} s, spawn {med['start_s']['spawn']:.1f} s "
           f"({summary['start_ratio_spawn_over_fork']}x); stop: fork {med['stop_s']['fork']:.1f} s, spawn "
-          f"{med['stop_s']['spawn']:.1f} s; load average {summary['load_average'][0]:.1f} -> {args.out}")
+          f"{med['stop_s']['spawn']:.1f} s; load average {os.getloadavg()[0]:.1f} -> {path}")
     return 0
 
 

@@ -13,18 +13,14 @@ bench/speculation.py). Prints tok/s and the ratio per round.
 --auto adds a third engine per method with the k controller (k_control = "auto", k up to 3) in the same rotation
 (plain, k0, auto), and prints what the controller measured and chose: steps by k, and per batch bucket the step
 time at each k and the k it settled on. A controlled engine that settles on k = 0 should run like the k0 one.
+Results: bench/results/k_zero.json (--out; bench/harness.py's schema).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
+from harness import print_controller, spread, write_result
 from speculation import Draw, Workload, held, start  # bench/speculation.py
 
 
@@ -79,17 +75,11 @@ async def run(args) -> None:
                 autos = [a / p for m, cc, _, p, _s, a in rows if m == method and cc == c]
                 line += f"   {sum(autos) / len(autos):.3f}  ({', '.join(f'{x:.3f}' for x in autos)})"
             print(line)
-
-
-def print_controller(method: str, snap: dict | None) -> None:
-    """The auto engine's controller state (KController.snapshot()) after its runs."""
-    if not snap:
-        print(f"{method}: no controller state", flush=True)
-        return
-    print(f"{method} controller: steps by k {snap['steps_by_k']}, acceptance by position "
-          f"{[round(a, 3) for a in snap['acceptance']]}", flush=True)
-    for b in snap["buckets"]:
-        print(f"  batch {b['batch']:>6}: chose k={b['chosen_k']}, step ms by k {b['step_ms']}", flush=True)
+    cell = lambda m, c, i: spread(r[i] / r[3] for r in rows if r[:2] == (m, c))       # noqa: E731
+    summary = [{"method": m, "concurrency": c, "k0_ratio": cell(m, c, 4), "auto_ratio": cell(m, c, 5) if args.auto
+                else None} for m in dict.fromkeys(m for m, *_ in rows) for c in conc]
+    keys = ("method", "concurrency", "round", "plain_tok_s", "k0_tok_s", "auto_tok_s")
+    print("results:", write_result("k_zero", vars(args), summary, [dict(zip(keys, r)) for r in rows], args.out))
 
 
 def main() -> None:
@@ -103,6 +93,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--samples-per-slot", type=int, default=2)
     ap.add_argument("--auto", action="store_true", help="also an engine with the k controller (see above)")
+    ap.add_argument("--out", default=None, help="default bench/results/k_zero.json")
     asyncio.run(run(ap.parse_args()))
 
 

@@ -13,20 +13,20 @@
 `--push-only` runs the push comparison alone (A B A B) and keeps the throughput and pause results already in --out.
 
 The service: the default model (or --model), float32, one engine, LoRA on (--max-adapters 10, rank --rank, 8 per
-batch), no speculation. Results: bench/results/lora.json.
+batch), no speculation. Results: bench/results/lora.json (bench/harness.py's schema; rounds: the throughput rows).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from harness import RESULTS, logs_dir, services, turns, write_result
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -110,22 +110,16 @@ def push_summary(pushes: list[dict]) -> dict:
             "push_speedup": round(ratio, 1), "push_goal_20x": ratio >= 20}
 
 
-def _keep_other_results(out: dict, path: Path) -> None:
+def keep_other_results(path: Path, pushes: list[dict]) -> dict:
     """--push-only: this run's pushes (and their summary) replace those in `path`; its throughput and pause results,
     from the run that measured them (their date and settings kept beside them), stay."""
     old = json.loads(path.read_text()) if path.is_file() else {}
-    summary = old.get("summary", {}) | push_summary(out["push"])
-    kept = {k: old[k] for k in ("throughput", "pause") if k in old}
-    if kept:
-        kept["throughput_run"] = old.get("throughput_run") or {k: old.get(k) for k in (
-            "date", "rounds", "sequences", "max_tokens", "load_avg_start")} | {
-            "load_avg_end": summary.get("load_avg_end")}
-    summary.pop("load_avg_end", None)             # the throughput run's: in throughput_run
-    out["load_avg_end"] = os.getloadavg()[0]
-    out["push_only"] = True
-    result = out | kept | {"summary": summary}
-    print(json.dumps(push_summary(out["push"]), indent=1))
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    kept = {k: old[k] for k in ("pause", "throughput_run") if k in old}
+    if "throughput" in old or old.get("rounds"):
+        kept["throughput"] = old.get("throughput") or old["rounds"]
+        kept.setdefault("throughput_run", {"date": old.get("date"), "command": old.get("command"),
+                                           "config": old.get("config")})
+    return {"summary": (old.get("summary") or {}) | push_summary(pushes), "push_only": True, **kept}
 
 
 def main() -> None:
@@ -144,7 +138,6 @@ def main() -> None:
         ap.error("--pause-only and --push-only exclude each other")
 
     from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
 
     from rollout_service.cli import resolve_model
 
@@ -156,73 +149,70 @@ def main() -> None:
     rank_flag = str(max(8, 1 << (args.rank - 1).bit_length()))
     extra = ["--max-adapters", "10", "--max-lora-rank", rank_flag, "--max-loras-per-batch", "8",
              "--speculation", "none", "--dtype", "float32", "--max-num-seqs", "64", "--max-queue", "256"]
-    out: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": model_dir, "rank": args.rank,
-                 "rounds": args.rounds, "sequences": args.sequences, "max_tokens": args.max_tokens,
-                 "cpu_count": os.cpu_count(), "push": [], "throughput": [], "load_avg_start": os.getloadavg()[0]}
-    with ServiceProcess(model_dir, extra_args=extra, log_path="bench/results/lora-service.log") as svc:
-        with RolloutClient(svc.target) as c:
-            for i, (tensors, config, _) in enumerate(adapters):
-                c.push_adapter(f"p{i}", tensors, 1, config=config)
-            merged = adapter_state(model_dir, args.rank, 0, merge=True)[2] if not args.pause_only else {}
-            a_bytes = sum(t.numel() * t.element_size() for t in adapters[0][0].values())
-            full_bytes = sum(t.numel() * t.element_size() for t in merged.values())
-            out.update(adapter_bytes=a_bytes, full_bytes=full_bytes)
-            print(f"adapter {a_bytes / 1e6:.2f} MB, merged model {full_bytes / 1e6:.1f} MB", flush=True)
-            av, pv = 1, c.status().policy_version
-            configs = {"base": [""] * 8, "one adapter": ["p0"] * 8, "4 adapters": [f"p{i % 4}" for i in range(8)],
-                       "8 adapters": [f"p{i}" for i in range(8)]}
-            if not args.push_only:
-                timed_batch(c, prompts, ["p0"] * 8, args.sequences, 4)              # warm-up
-            for r in range(0 if args.pause_only else args.rounds):
-                # A B A B: the adapter push, then the merged full push of the same policy (p9's line)
-                tensors, config, _ = adapters[r % len(adapters)]        # the merged policy: adapter 0's
-                av += 1
-                t0 = time.perf_counter()
-                res = c.push_adapter("p9", tensors, av, config=config)
-                adapter_s = time.perf_counter() - t0
-                pv += 1
-                t0 = time.perf_counter()
-                full = c.push_weights(merged, pv)
-                full_s = time.perf_counter() - t0
-                out["push"].append({"round": r, "adapter_s": adapter_s, "adapter_server_s": res.total_s,
-                                    "adapter_receive_s": res.receive_s, "adapter_validate_s": res.validate_s,
-                                    "adapter_apply_s": res.apply_s, "full_s": full_s, "full_server_s": full.total_s,
-                                    "full_pause_s": full.pause_s})
-                print(f"round {r}: adapter push {adapter_s * 1e3:.1f} ms, full push {full_s * 1e3:.0f} ms "
-                      f"({full_s / adapter_s:.0f}x)", flush=True)
-                if args.push_only:
-                    continue
-                row = {"round": r}
-                names = list(configs)
-                for name in names[r % 4:] + names[:r % 4]:      # the order rotates: load drifts within a round
-                    s, tokens = timed_batch(c, prompts, configs[name], args.sequences, args.max_tokens)
-                    row[name] = tokens / s
-                out["throughput"].append(row)
-                print("  tok/s " + ", ".join(f"{k} {v:.0f}" for k, v in row.items() if k != "round"), flush=True)
-                Path(args.out).write_text(json.dumps(out, indent=1) + "\n")      # each round kept as it ends
+    config = {"model": model_dir, "rank": args.rank, "rounds": args.rounds, "sequences": args.sequences,
+              "max_tokens": args.max_tokens, "service": extra}
+    out: dict = {"push": []}
+    rows: list[dict] = []                                   # throughput per round
+    with services(model_dir, {"lora": extra}, logs_dir("lora")) as up, RolloutClient(up["lora"].target) as c:
+        for i, (tensors, adapter_config, _) in enumerate(adapters):
+            c.push_adapter(f"p{i}", tensors, 1, config=adapter_config)
+        merged = adapter_state(model_dir, args.rank, 0, merge=True)[2] if not args.pause_only else {}
+        a_bytes = sum(t.numel() * t.element_size() for t in adapters[0][0].values())
+        full_bytes = sum(t.numel() * t.element_size() for t in merged.values())
+        out.update(adapter_bytes=a_bytes, full_bytes=full_bytes)
+        print(f"adapter {a_bytes / 1e6:.2f} MB, merged model {full_bytes / 1e6:.1f} MB", flush=True)
+        av, pv = 1, c.status().policy_version
+        configs = {"base": [""] * 8, "one adapter": ["p0"] * 8, "4 adapters": [f"p{i % 4}" for i in range(8)],
+                   "8 adapters": [f"p{i}" for i in range(8)]}
+        if not args.push_only:
+            timed_batch(c, prompts, ["p0"] * 8, args.sequences, 4)              # warm-up
+        for r in range(0 if args.pause_only else args.rounds):
+            # A B A B: the adapter push, then the merged full push of the same policy (p9's line)
+            tensors, adapter_config, _ = adapters[r % len(adapters)]        # the merged policy: adapter 0's
+            av += 1
+            t0 = time.perf_counter()
+            res = c.push_adapter("p9", tensors, av, config=adapter_config)
+            adapter_s = time.perf_counter() - t0
+            pv += 1
+            t0 = time.perf_counter()
+            full = c.push_weights(merged, pv)
+            full_s = time.perf_counter() - t0
+            out["push"].append({"round": r, "adapter_s": adapter_s, "adapter_server_s": res.total_s,
+                                "adapter_receive_s": res.receive_s, "adapter_validate_s": res.validate_s,
+                                "adapter_apply_s": res.apply_s, "full_s": full_s, "full_server_s": full.total_s,
+                                "full_pause_s": full.pause_s})
+            print(f"round {r}: adapter push {adapter_s * 1e3:.1f} ms, full push {full_s * 1e3:.0f} ms "
+                  f"({full_s / adapter_s:.0f}x)", flush=True)
             if args.push_only:
-                _keep_other_results(out, Path(args.out))
-                return
-            bump = iter(range(av + 1, av + 100))
-            out["pause"] = pause_during_push(
-                c, prompts[0], lambda: c.push_adapter("p9", adapters[1][0], next(bump), config=adapters[1][1]))
-            print(f"pause: {out['pause']}", flush=True)
+                continue
+            row = {"round": r}
+            for name in turns(configs, r):                  # the order rotates: load drifts within a round
+                s, tokens = timed_batch(c, prompts, configs[name], args.sequences, args.max_tokens)
+                row[name] = tokens / s
+            rows.append(row)
+            print("  tok/s " + ", ".join(f"{k} {v:.0f}" for k, v in row.items() if k != "round"), flush=True)
+            write_result("lora", config, None, rows, args.out, partial=True, **out)     # each round kept as it ends
+        if args.push_only:
+            path = Path(args.out or RESULTS / "lora.json")
+            kept = keep_other_results(path, out["push"])
+            write_result("lora", config, kept.pop("summary"), kept.pop("throughput", None), path, **out, **kept)
+            print(json.dumps(push_summary(out["push"]), indent=1))
+            return
+        bump = iter(range(av + 1, av + 100))
+        out["pause"] = pause_during_push(
+            c, prompts[0], lambda: c.push_adapter("p9", adapters[1][0], next(bump), config=adapters[1][1]))
+        print(f"pause: {out['pause']}", flush=True)
     if args.pause_only:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        write_result("lora", config, None, None, args.out, **out)
         return
-    med = lambda key: statistics.median(r[key] for r in out["throughput"])          # noqa: E731
-    out["summary"] = {
-        **push_summary(out["push"]),
-        "tok_s": {k: round(med(k), 1) for k in configs},
-        "mixed4_vs_one": round(statistics.median(r["4 adapters"] / r["one adapter"] for r in out["throughput"]), 3),
-        "mixed8_vs_one": round(statistics.median(r["8 adapters"] / r["one adapter"] for r in out["throughput"]), 3),
-        "one_vs_base": round(statistics.median(r["one adapter"] / r["base"] for r in out["throughput"]), 3),
-        "load_avg_end": os.getloadavg()[0],
-    }
-    s = out["summary"]
-    s["mixing_goal_0.9x"] = min(s["mixed4_vs_one"], s["mixed8_vs_one"]) >= 0.9
-    print(json.dumps(s, indent=1))
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    med = lambda key: statistics.median(r[key] for r in rows)          # noqa: E731
+    ratio = lambda a, b: round(statistics.median(r[a] / r[b] for r in rows), 3)  # noqa: E731
+    summary = {**push_summary(out["push"]), "tok_s": {k: round(med(k), 1) for k in configs},
+               "mixed4_vs_one": ratio("4 adapters", "one adapter"), "mixed8_vs_one": ratio("8 adapters", "one adapter"),
+               "one_vs_base": ratio("one adapter", "base")}
+    summary["mixing_goal_0.9x"] = min(summary["mixed4_vs_one"], summary["mixed8_vs_one"]) >= 0.9
+    print(json.dumps(summary, indent=1))
+    write_result("lora", config, summary, rows, args.out, **out)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ an FP8 projection for GPU nodes, in one run (not a test).
                                         [--out bench/results/quantized.json]
 
 Two services on the same float checkpoint (default: SmolLM2-135M-Instruct), float32 (`A`) and `--quantization int8`
-(`B`), started one at a time (one vLLM process at a time on 2 cores), in the order A, B, A, B, ... (`--rounds` pairs).
+(`B`), started one at a time (one vLLM process at a time on 2 cores), A B, B A, ... (`--rounds` pairs, the order
+rotating: bench/harness.py).
 In each service, for each concurrency, one batch of `concurrency` prompts x n samples of max_tokens tokens
 (ignore_eos, T 1.0, rollout_tasks' prompts): throughput is generated tokens over the batch's wall time. The ratio
-int8 / float32 is taken per round (B against the A just before it) and its median reported.
+int8 / float32 is taken per round (B against that round's A) and its median and range reported.
 
 Mismatch: on the first int8 service's samples (--mismatch-prompts x 2, T 1.0), the served int8 log-probs against
 an independent float32 forward pass of the same checkpoint (transformers): mean |delta log p| per token and
@@ -24,15 +25,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from harness import ROOT, logs_dir, services, spread, turns, write_result
+
 ARMS = {"float32": [], "int8": ["--quantization", "int8"]}
 
 
@@ -82,7 +80,7 @@ def fp8_projection() -> list[dict]:
     from rollout_service.perfmodel.model import from_config
     from rollout_service.perfmodel.step import forward
 
-    configs = Path("rollout_service/perfmodel/configs")
+    configs = ROOT / "rollout_service/perfmodel/configs"
     rows = []
     for name in ("qwen3-8b", "qwen3-30b-a3b"):
         m = from_config(json.loads((configs / f"{name}.json").read_text()), name)
@@ -96,11 +94,6 @@ def fp8_projection() -> list[dict]:
     return rows
 
 
-def write(path: str, out: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(out, indent=1))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="float checkpoint (default: the embedded SmolLM2-135M-Instruct)")
@@ -110,11 +103,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--mismatch-prompts", type=int, default=16)
     ap.add_argument("--reference-samples", type=int, default=4)
-    ap.add_argument("--out", default="bench/results/quantized.json")
+    ap.add_argument("--out", default=None, help="default bench/results/quantized.json")
     args = ap.parse_args()
 
     from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
     from rollout_service.cli import resolve_model
     from rollout_service.model_info import ModelInfo
     from rollout_tasks.arithmetic import split
@@ -124,47 +116,39 @@ def main() -> int:
     prompts = [info.encode(p.prompt, chat=True) for p in split(64)]
     levels = [int(x) for x in args.concurrency.split(",")]
     common = ["--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gb", "2", "--max-num-seqs", "64"]
-    logs = Path(tempfile.mkdtemp(prefix="quantized-"))
+    config = {"model": model, "n": args.n, "max_tokens": args.max_tokens, "concurrency": levels, "service": common}
+    logs = logs_dir("quantized")
     runs, found = [], None
     for r in range(args.rounds):
-        for arm, extra in ARMS.items():
+        for arm in turns(ARMS, r):
             t0 = time.perf_counter()
-            with ServiceProcess(model, extra_args=common + extra, log_path=logs / f"{arm}-{r}.log") as svc:
+            with services(model, {arm: common + ARMS[arm]}, logs) as up, RolloutClient(up[arm].target) as c:
                 start_s = time.perf_counter() - t0
-                with RolloutClient(svc.target) as c:
-                    served = c.status().quantization
-                    assert served.method == ("none" if arm == "float32" else "int8"), served
-                    c.generate_all(prompts[:2], n=1, max_tokens=8)          # warm-up
-                    for conc in levels:
-                        picked = [prompts[(r * conc + i) % len(prompts)] for i in range(conc)]
-                        res = batch(c, picked, args.n, args.max_tokens, seed=r)
-                        runs.append({"round": r, "arm": arm, "concurrency": conc, "start_s": start_s, **res})
-                        print(f"round {r} {arm:>7} concurrency {conc:>3}: {res['tok_s']:7.1f} tok/s", flush=True)
-                    if arm == "int8" and found is None:
-                        found = mismatch(c, model, prompts[:args.mismatch_prompts], args.max_tokens,
-                                         args.reference_samples)
-                        print(f"mismatch: {json.dumps(found)}", flush=True)
+                served = c.status().quantization
+                assert served.method == ("none" if arm == "float32" else "int8"), served
+                c.generate_all(prompts[:2], n=1, max_tokens=8)          # warm-up
+                for conc in levels:
+                    picked = [prompts[(r * conc + i) % len(prompts)] for i in range(conc)]
+                    res = batch(c, picked, args.n, args.max_tokens, seed=r)
+                    runs.append({"round": r, "arm": arm, "concurrency": conc, "start_s": start_s, **res})
+                    print(f"round {r} {arm:>7} concurrency {conc:>3}: {res['tok_s']:7.1f} tok/s", flush=True)
+                if arm == "int8" and found is None:
+                    found = mismatch(c, model, prompts[:args.mismatch_prompts], args.max_tokens,
+                                     args.reference_samples)
+                    print(f"mismatch: {json.dumps(found)}", flush=True)
             # each service's batches written as it ends: a run cut short (a loaded machine) keeps what it measured
-            write(args.out, {"partial": True, "command": "bench/quantized.py " + " ".join(sys.argv[1:]),
-                             "mismatch": found, "runs": runs, "load_average": os.getloadavg()})
+            write_result("quantized", config, None, runs, args.out, partial=True, mismatch=found)
     summary = []
     for conc in levels:
-        ratios = []
-        for r in range(args.rounds):
-            a = next(x for x in runs if (x["round"], x["arm"], x["concurrency"]) == (r, "float32", conc))
-            b = next(x for x in runs if (x["round"], x["arm"], x["concurrency"]) == (r, "int8", conc))
-            ratios.append(b["tok_s"] / a["tok_s"])
-        tok = {arm: statistics.median(x["tok_s"] for x in runs if x["arm"] == arm and x["concurrency"] == conc)
-               for arm in ARMS}
+        by = {(x["round"], x["arm"]): x for x in runs if x["concurrency"] == conc}
+        ratio = spread(by[r, "int8"]["tok_s"] / by[r, "float32"]["tok_s"] for r in range(args.rounds))
+        tok = {arm: statistics.median(by[r, arm]["tok_s"] for r in range(args.rounds)) for arm in ARMS}
         summary.append({"concurrency": conc, "samples_in_flight": conc * args.n, "float32_tok_s_median": tok["float32"],
-                        "int8_tok_s_median": tok["int8"], "ratio_median": statistics.median(ratios),
-                        "ratios": ratios})
+                        "int8_tok_s_median": tok["int8"], "ratio_median": ratio["median"],
+                        "ratio_range": [ratio["min"], ratio["max"]],
+                        "ratios": [by[r, "int8"]["tok_s"] / by[r, "float32"]["tok_s"] for r in range(args.rounds)]})
     projection = fp8_projection()
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-           "command": "bench/quantized.py " + " ".join(sys.argv[1:]), "model": model, "n": args.n,
-           "max_tokens": args.max_tokens, "load_average_at_end": os.getloadavg(), "summary": summary,
-           "mismatch": found, "fp8_projection": projection, "runs": runs}
-    write(args.out, out)
+    path = write_result("quantized", config, summary, runs, args.out, mismatch=found, fp8_projection=projection)
     print(f"{'conc':>5} {'float32 tok/s':>13} {'int8 tok/s':>10} {'int8/f32':>8}  per round")
     for s in summary:
         print(f"{s['concurrency']:>5} {s['float32_tok_s_median']:>13.1f} {s['int8_tok_s_median']:>10.1f} "
@@ -173,7 +157,7 @@ def main() -> int:
     for p in projection:
         print(f"  {p['model']:>14} {p['hardware']:>6} batch {p['batch']:>3}: {p['bf16_step_ms']:6.2f} -> "
               f"{p['fp8_step_ms']:6.2f} ms, {p['speedup']:.2f}x")
-    print(f"results: {args.out}")
+    print(f"results: {path}")
     return 0
 
 

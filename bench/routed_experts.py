@@ -6,7 +6,7 @@ capture them, in one interleaved run (not a test).
 
 Two services on the same mixture-of-experts model (default: the upcycled SmolLM2 MoE, `--model moe`), float32:
 `on` captures routes (engine.routed_experts = auto) and every request asks for them (return_routed_experts), `off`
-does not capture (engine.routed_experts = off). Rounds alternate on, off, off, on, ... (the order flips each round),
+does not capture (engine.routed_experts = off). Rounds alternate on, off, off, on, ... (bench/harness.py's turns),
 each a batch of `concurrency` prompts x n samples of max_tokens tokens (ignore_eos), from rollout_tasks; throughput
 is generated tokens over the batch's wall time, the ratio on/off is taken per round and its median reported, with
 the bytes of routes per generated token as they arrive (the proto's RoutedExperts.ids).
@@ -14,16 +14,11 @@ the bytes of routes per generated token as they arrive (the proto's RoutedExpert
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from harness import logs_dir, progress, ratios, services, turns, write_result
 
 
 def batch(client, prompts, n: int, max_tokens: int, routes: bool, seed: int) -> dict:
@@ -45,13 +40,10 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--out", default="bench/results/routed_experts.json")
+    ap.add_argument("--out", default=None, help="default bench/results/routed_experts.json")
     args = ap.parse_args()
 
-    from tqdm import tqdm
-
     from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
     from rollout_service.cli import resolve_model
     from rollout_service.model_info import ModelInfo
     from rollout_tasks.arithmetic import split
@@ -62,57 +54,44 @@ def main() -> int:
         sys.exit(f"{model} is not a mixture of experts")
     prompts = [info.encode(p.prompt, chat=True) for p in split(64)]
     common = ["--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gb", "2", "--max-num-seqs", "64"]
-    logs = Path(tempfile.mkdtemp(prefix="routed-experts-"))
-    arms = {"on": ServiceProcess(model, extra_args=common + ["--routed-experts", "auto"], log_path=logs / "on.log"),
-            "off": ServiceProcess(model, extra_args=common + ["--routed-experts", "off"], log_path=logs / "off.log")}
+    levels = [int(x) for x in args.concurrency.split(",")]
     rows = []
-    try:
-        for svc in arms.values():
-            svc.start()
-        clients = {a: RolloutClient(svc.target) for a, svc in arms.items()}
+    with services(model, {"on": common + ["--routed-experts", "auto"], "off": common + ["--routed-experts", "off"]},
+                  logs_dir("routed-experts")) as up:
+        clients = {a: RolloutClient(svc.target) for a, svc in up.items()}
         for c in clients.values():                           # warm-up
             c.generate_all(prompts[:2], n=1, max_tokens=8)
-        levels = [int(x) for x in args.concurrency.split(",")]
-        with tqdm(total=len(levels) * args.rounds * 2, desc="rounds", unit="batch") as bar:
+        with progress(len(levels) * args.rounds * 2, "rounds") as bar:
             for conc in levels:
                 for r in range(args.rounds):
-                    order = ("on", "off") if r % 2 == 0 else ("off", "on")
                     picked = [prompts[(r * conc + i) % len(prompts)] for i in range(conc)]
                     got = {}
-                    for arm in order:
+                    for arm in turns(("on", "off"), r):
                         got[arm] = batch(clients[arm], picked, args.n, args.max_tokens, arm == "on", seed=r)
                         bar.update()
-                    rows.append({"concurrency": conc, "round": r, "order": list(order), **{
-                        f"{arm}_{k}": v for arm, res in got.items() for k, v in res.items()},
-                        "ratio": got["on"]["tok_s"] / got["off"]["tok_s"]})
+                    rows.append({"concurrency": conc, "round": r, "order": list(got), **got,
+                                 "ratio": got["on"]["tok_s"] / got["off"]["tok_s"]})
         for c in clients.values():
             c.close()
-    finally:
-        for svc in arms.values():
-            svc.stop()
     summary = []
-    for conc in sorted({r["concurrency"] for r in rows}):
+    for conc in levels:
         rs = [r for r in rows if r["concurrency"] == conc]
-        summary.append({"concurrency": conc, "samples_in_flight": conc * args.n,
-                        "ratio_median": statistics.median(r["ratio"] for r in rs),
-                        "ratio_min": min(r["ratio"] for r in rs), "ratio_max": max(r["ratio"] for r in rs),
-                        "on_tok_s_median": statistics.median(r["on_tok_s"] for r in rs),
-                        "off_tok_s_median": statistics.median(r["off_tok_s"] for r in rs),
-                        "route_bytes_per_generated_token": sum(r["on_route_bytes"] for r in rs) /
-                        sum(r["on_tokens"] for r in rs),
-                        "route_bytes_per_row": sum(r["on_route_bytes"] for r in rs) / sum(r["on_rows"] for r in rs)})
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-           "command": "bench/routed_experts.py " + " ".join(sys.argv[1:]), "model": model,
-           "moe": {"experts": info.moe.num_experts, "top_k": info.moe.top_k, "layers": info.moe.num_layers},
-           "n": args.n, "max_tokens": args.max_tokens, "summary": summary, "rounds": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+        ratio, route_bytes = ratios(rs, "on", "off"), sum(r["on"]["route_bytes"] for r in rs)
+        summary.append({"concurrency": conc, "samples_in_flight": conc * args.n, "ratio_median": ratio["median"],
+                        "ratio_min": ratio["min"], "ratio_max": ratio["max"],
+                        "on_tok_s_median": statistics.median(r["on"]["tok_s"] for r in rs),
+                        "off_tok_s_median": statistics.median(r["off"]["tok_s"] for r in rs),
+                        "route_bytes_per_generated_token": route_bytes / sum(r["on"]["tokens"] for r in rs),
+                        "route_bytes_per_row": route_bytes / sum(r["on"]["rows"] for r in rs)})
+    config = {"model": model, "moe": {"experts": info.moe.num_experts, "top_k": info.moe.top_k,
+                                      "layers": info.moe.num_layers}, "n": args.n, "max_tokens": args.max_tokens}
+    path = write_result("routed_experts", config, summary, rows, args.out)
     print(f"{'conc':>5} {'in flight':>9} {'on tok/s':>9} {'off tok/s':>9} {'on/off':>7} {'range':>13} {'B/token':>8}")
     for s in summary:
         print(f"{s['concurrency']:>5} {s['samples_in_flight']:>9} {s['on_tok_s_median']:>9.1f} "
               f"{s['off_tok_s_median']:>9.1f} {s['ratio_median']:>7.3f} "
               f"{s['ratio_min']:>6.3f}-{s['ratio_max']:<6.3f} {s['route_bytes_per_generated_token']:>8.1f}")
-    print(f"results: {args.out}")
+    print(f"results: {path}")
     return 0
 
 

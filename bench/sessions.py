@@ -30,16 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from harness import logs_dir, services, spread, turns, write_result
 
 ARMS = ("sessions", "least_loaded")
 
@@ -112,7 +109,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (sessions, least-loaded)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--kv-cache-gb", type=float, default=2.0, help="KV cache per engine (serve --kv-cache-gb)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sessions.json"))
+    ap.add_argument("--out", default=None, help="default bench/results/sessions.json")
     ap.add_argument("--plot", help="also draw the TTFT distributions into this PNG")
     args = ap.parse_args()
     longest = args.history + (args.turns - 1) * (args.max_tokens + args.user_tokens) + args.max_tokens
@@ -120,26 +117,24 @@ def main() -> None:
         sys.exit(f"the last turn needs {longest} tokens of context; raise --max-model-len or shorten the workload")
 
     from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
 
     from rollout_service.models import prepare_default_model
 
     model = args.model or str(prepare_default_model())
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    log = Path(tempfile.mkdtemp(prefix="bench-sessions-")) / "service.log"
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    load_before = os.getloadavg()
+    logs = logs_dir("bench-sessions")
     print(f"model {model}; 2 engines; {args.conversations} conversations x {args.turns} turns, history "
-          f"{args.history} + {args.max_tokens + args.user_tokens} per turn (up to {longest} tokens); log {log}",
+          f"{args.history} + {args.max_tokens + args.user_tokens} per turn (up to {longest} tokens); logs {logs}",
           flush=True)
     rows = []
-    with ServiceProcess(model, extra_args=["--engines", "2", "--max-model-len", str(args.max_model_len),
-                                           "--kv-cache-gb", str(args.kv_cache_gb)], log_path=log) as svc:
-        with RolloutClient(svc.target) as c:                 # warm both engines (first-step costs) off the clock
+    extra = ["--engines", "2", "--max-model-len", str(args.max_model_len), "--kv-cache-gb", str(args.kv_cache_gb)]
+    with services(model, {"service": extra}, logs) as up:
+        target = up["service"].target
+        with RolloutClient(target) as c:                     # warm both engines (first-step costs) off the clock
             c.generate_all([[1, 2, 3]] * 4, max_tokens=4)
         for r in range(1, args.rounds + 1):
-            for arm in ARMS:
-                row = asyncio.run(run_arm(svc.target, arm, r, args, vocab))
+            for arm in turns(ARMS, r - 1):
+                row = asyncio.run(run_arm(target, arm, r, args, vocab))
                 rows.append(row)
                 print(f"round {r} {arm:>12}: TTFT of turns 2..{args.turns} median {row['ttft_median_s']:.3f} s, "
                       f"mean {row['ttft_mean_s']:.3f} s, p90 {row['ttft_p90_s']:.3f} s; history found cached "
@@ -159,22 +154,11 @@ def main() -> None:
         print(f"{p['round']:5d}  {p['median_ratio']:36.2f}  {p['mean_ratio']:6.2f}")
     print(f"median over rounds: {ratio:.2f}x lower median time to first token with sessions, {mean_ratio:.2f}x lower "
           "mean (goal: >= 2x)")
-    out = dict(bench="sessions", started=started, finished=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-               load_average_before=load_before, load_average_after=os.getloadavg(), host=platform.node(),
-               cpu=cpu_name(), cpus=len(os.sched_getaffinity(0)), model=model, engines=2, args=vars(args),
-               pairs=pairs, ttft_ratio_median=ratio, ttft_ratio_mean=mean_ratio, rows=rows)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    summary = {"ttft_ratio_median": ratio, "ttft_ratio_mean": mean_ratio,
+               "ttft_ratio_spread": spread(p["median_ratio"] for p in pairs), "pairs": pairs}
+    print(f"wrote {write_result('sessions', vars(args) | {'model': model, 'engines': 2}, summary, rows, args.out)}")
     if args.plot:
         print(f"wrote {plot(rows, Path(args.plot), args.turns)}")
-
-
-def cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 def plot(rows: list[dict], out: Path, turns: int) -> Path:

@@ -6,6 +6,7 @@
                                           [--samples-per-slot 2] [--min-samples 16] [--rounds 2]
                                           [--draft-model DIR] [--eagle3-head DIR[,DIR...]] [--json
                                           bench/results/speculation.json]
+    .venv/bin/python bench/speculation.py --plot bench/results/speculation.json   # its table and .png, no engines
 
 Workload: prompts from the trainer example's task (chat template), groups of 4 samples, up to --max-tokens new
 tokens, temperature 1.0, natural EOS. Each concurrency C is held: C sequences stay in flight (a finished one is
@@ -18,14 +19,15 @@ This machine drifts up to 3x within a day, so engines are not measured one after
 stays up for the whole run and, per method, two speculative engines beside it: k chosen by the controller
 (engine.speculation.k_control = "auto", speculation/k_controller.py) and the method's best fixed k (--no-fixed:
 the controller only). A cell is --rounds draws; each draw is served by the plain engine and the speculative ones
-in turn (plain, auto, fixed; then fixed, auto, plain for the next draw), so the engines are compared on the same
-prompts and seeds (two plain runs on different draws differed by up to 24% at 4-8 sequences in one run, the
-samples' lengths being set by natural EOS) and within the same minutes. A cell's rate is
+in turn (plain, auto, fixed; then auto, fixed, plain for the next draw: bench/harness.py's turns), so the engines
+are compared on the same prompts and seeds (two plain runs on different draws differed by up to 24% at 4-8
+sequences in one run, the samples' lengths being set by natural EOS) and within the same minutes. A cell's rate is
 all its tokens over all its wall time; the speedup per draw is kept too (`speedup_by_round`), and `plain_spread`
 is how far the plain engine's draws differ. The auto engine first runs a warm-up at every concurrency, as many
 samples as a draw at up to 64 tokens each: its controller measures k = 0, 1, ... in each batch-size bucket it meets,
 as in the first minutes of serving (with a warm-up of one sample per slot, a draft model's first draw at 4 sequences
-still ran 42 steps measuring or drafting against 0-20 in each draw after it; bench/speculation_repeat.py, 2026-11-26).
+still ran 42 steps measuring or drafting against 0-20 in each draw after it; bench/speculation_repeat.py,
+2026-11-26, retired; last at commit ed4ce89).
 
 `--methods plain` puts a second plain engine in the auto engine's place: two identical engines measured against
 each other the same way, the noise floor a cell's speedup is read against.
@@ -36,24 +38,20 @@ drafter cost c (one drafter forward over one target forward at the same batch, t
 n-gram and suffix decoding); the analytical bound (1 - a^(k+1)) / ((1 - a)(1 + c k)) at the k the cell drafted
 (for auto rows the best bound over k = 0..k_max, 1.0 being k = 0); and for auto rows the share of engine steps at
 each k and the share run with the drafter switched off (k = 0 where the controller found drafting loses).
-Results go to --json (a list of cells) and a table on stdout.
+Results go to --json (the cells as its summary) and a table on stdout.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import datetime
-import json
-import os
+import math
+import statistics
 import time
+from collections import defaultdict
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-
-# vLLM's engine core spins on its message queue for 1 s after each read (shm_broadcast.SpinCondition, busy_loop_s):
-# an engine measured right after another would share the 2 cores with that spin
-SETTLE_S = 1.5
+from harness import turns, write_result
 
 
 class Workload:
@@ -243,11 +241,10 @@ async def run(args) -> list[dict]:
                     runs = {"plain": [], "auto": [], k: []}
                     for rnd in range(args.rounds):          # plain and speculative on one draw; the order alternates
                         draw = Draw(work, n_of[c])
-                        order = [("plain", plain), ("auto", auto)] + ([(k, fix)] if fix else [])
-                        for name, eng in order[::-1] if rnd % 2 else order:
+                        engines = {"plain": plain, "auto": auto} | ({k: fix} if fix else {})
+                        for name in turns(engines, rnd):          # a settle pause before each
                             tag = "plain" if name == "plain" else f"{method} k={name}"
-                            await asyncio.sleep(SETTLE_S)
-                            runs[name].append(await held(eng, draw, c, n_of[c], args.max_tokens, tag))
+                            runs[name].append(await held(engines[name], draw, c, n_of[c], args.max_tokens, tag))
                     snap1 = await auto.k_control_snapshot()
                     plain_rates = [r["tok_s"] for r in runs["plain"]]
                     p = pooled(runs["plain"])["tok_s"]
@@ -275,7 +272,7 @@ async def run(args) -> list[dict]:
                               flush=True)
                 print(f"  {method} controller: {await auto.k_control_snapshot()}", flush=True)
                 if args.json:                     # a run stopped later keeps the methods it finished
-                    Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
+                    write_result("speculation", vars(args), cells, out=args.json, partial=True)
             finally:
                 await auto.shutdown()
                 if fix:
@@ -301,6 +298,93 @@ def print_table(cells: list[dict]) -> None:
               f" {x['plain_spread']:>13.2f}  {rounds:<11}  {share}")
 
 
+# ---- --plot: speedup over the plain engine by concurrency, a panel per method (and drafter), one line per k, beside
+# the analytical bound, with the 1.8x goal, break-even and the 0.97 floor marked; where a cell has several paired
+# draws, the controller's line carries the 95% interval of their geometric mean (Student's t over the draws' log
+# ratios), and a markdown table of the same is printed
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20}
+
+
+def interval(ratios: list[float]) -> tuple[float, float, float] | None:
+    """Geometric mean of paired draws' speedups and its 95% interval (None under two draws)."""
+    if len(ratios) < 2:
+        return None
+    logs = [math.log(r) for r in ratios]
+    mean, half = statistics.fmean(logs), T95.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def read_cells(path: Path) -> list[dict]:
+    """--json's cells (the summary, or a file from before bench/harness.py: a list), as rows with method, k ("auto"
+    or a number), conc, speedup and bound."""
+    import json
+
+    cells = json.loads(path.read_text())
+    cells = cells["summary"] if isinstance(cells, dict) else cells
+    if not cells:
+        raise SystemExit(f"{path}: no cells")
+    return [{"method": c["method"] + (f" ({c['drafter']})" if c.get("drafter") else ""), "k": str(c["k"]),
+             "conc": c["concurrency"], "speedup": c["speedup"], "bound": c["bound"],
+             "interval": interval(c.get("speedup_by_round") or [])} for c in cells]
+
+
+def table(rows: list[dict]) -> str:
+    """The controller's cells as markdown: pooled speedup, and the 95% interval over the paired draws."""
+    conc = sorted({r["conc"] for r in rows})
+    out = ["| method | " + " | ".join(f"{c} seq" for c in conc) + " |", "| --- |" + " ---: |" * len(conc)]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        by = {r["conc"]: r for r in rows if r["method"] == method and r["k"] == "auto"}
+        if by:
+            out.append(f"| {method} | " + " | ".join(
+                "-" if c not in by else f"{by[c]['speedup']:.2f}" + (
+                    f" ({by[c]['interval'][1]:.2f}-{by[c]['interval'][2]:.2f})" if by[c]["interval"] else "")
+                for c in conc) + " |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4.2), sharey=True, squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        lines = defaultdict(list)
+        for r in rows:
+            if r["method"] == method:
+                lines[r["k"]].append(r)
+        for k, pts in lines.items():
+            pts.sort(key=lambda r: r["conc"])
+            xs = [r["conc"] for r in pts]
+            auto = k == "auto"
+            label = f"k={k}" if not auto else "a second plain engine" if method == "plain" else "k by the controller"
+            line, = ax.plot(xs, [r["speedup"] for r in pts], marker="o", lw=3 if auto else 1.5,
+                            color="black" if auto else None, label=label)
+            if auto and all(r["interval"] for r in pts):
+                ax.errorbar(xs, [r["speedup"] for r in pts], yerr=[[r["speedup"] - r["interval"][1] for r in pts],
+                                                                   [r["interval"][2] - r["speedup"] for r in pts]],
+                            fmt="none", ecolor="black", capsize=3, lw=1, label="95% interval over paired draws")
+            ax.plot(xs, [r["bound"] for r in pts], ls=":", color=line.get_color(), lw=1)
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.axhline(0.97, color="grey", lw=1, ls="--")
+        ax.axhline(1.8, color="red", lw=1, ls="--")
+        ax.text(1, 1.82, "goal 1.8x", color="red", fontsize=8)
+        ax.set_ylim(0.4, max([2.0] + [r["bound"] + 0.2 for r in rows]))   # a two-draw interval can span 0.2-5x
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["conc"] for r in rows}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("concurrent sequences")
+        ax.set_title(method)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("throughput / plain engine (dotted: analytical bound)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -321,13 +405,20 @@ def main() -> None:
     ap.add_argument("--min-samples", type=int, default=16, help="samples per measurement at least (low concurrency)")
     ap.add_argument("--rounds", type=int, default=2,
                     help="draws per cell, each served by plain and speculative engines in turn (order alternating)")
-    ap.add_argument("--json", default="bench/results/speculation.json", help="where the cells go ('' for nowhere)")
+    ap.add_argument("--json", default="bench/results/speculation.json",
+                    help="where the cells go, as the summary of bench/harness.py's schema ('' for nowhere)")
+    ap.add_argument("--plot", type=Path, metavar="CELLS", help="no engines: plot and tabulate CELLS (an earlier "
+                    "--json) to CELLS.png")
     args = ap.parse_args()
+    if args.plot:
+        rows = read_cells(args.plot)
+        print(table(rows))
+        print(plot(rows, args.plot.with_suffix(".png")))
+        return
     cells = asyncio.run(run(args))
     print_table(cells)
     if args.json:
-        Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        print(f"wrote {write_result('speculation', vars(args), cells, out=args.json)}")
 
 
 if __name__ == "__main__":

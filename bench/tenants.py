@@ -10,9 +10,9 @@ Two services on one model, started side by side, each one engine of `--max-num-s
 In each, `flood` keeps `--flood` requests of n = 8 (`--flood-tokens` each, ignore_eos) in flight all the time (more
 sequences than the engine batches: some always wait); `small` sends one prompt, n = 1, `--small-tokens` tokens,
 `--requests` times one after another, streamed (the first token's time splits waiting + prefill from decoding).
-Rounds alternate the arms' order; in each arm small runs alone, then during the flood. The result per arm: small's
-median latency during the flood over alone (goal: at most 2x with the gate). Results: bench/results/tenants.json
-(--smoke: a temporary file unless --out).
+Rounds rotate the arms' order (bench/harness.py); in each arm small runs alone, then during the flood. The result
+per arm: small's median latency during the flood over alone (goal: at most 2x with the gate). Results:
+bench/results/tenants.json (--smoke: a temporary file unless --out).
 
 Measured 2026-11-28 (--rounds 2, default model, 16 slots, machine load 4-5): small's p50 1.62x and 1.90x with the
 gate (it starts at once; decoding in a batch of 16 costs the rest), 8.2x and 11.0x without (docs/lora.md, Tenants);
@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from harness import logs_dir, services, turns, write_result
+
 PROMPT = [1, 504, 3458, 314, 260, 9]
 ARMS = ("fair", "off")
 
@@ -137,46 +136,35 @@ def main() -> None:
         if not (Path(args.previous_tree) / "rollout_service" / "pool" / "fair.py").is_file():
             ap.error(f"--previous-tree {args.previous_tree}: no rollout_service/pool/fair.py there")
         arms += ("previous",)
-    sys.path.insert(0, str(Path(__file__).parent))
-    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
     if args.smoke:
         from tests.tiny_models import build_tiny_model
 
         args.model = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="tenants-tiny-")) / "tiny-llama"))
         args.rounds, args.requests, args.flood, args.max_num_seqs, args.fill_s = 1, 3, 2, 4, 1.0
         args.flood_tokens, args.small_tokens = 32, 8
-    out_path = Path(args.out or (tempfile.mkdtemp(prefix="tenants-smoke-") + "/tenants.json" if args.smoke
-                                 else "bench/results/tenants.json"))
+    out_path = args.out or (tempfile.mkdtemp(prefix="tenants-smoke-") + "/tenants.json" if args.smoke else None)
 
     from lora import adapter_state                                 # bench/lora.py
     from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
 
     from rollout_service.cli import resolve_model
 
     model_dir = resolve_model(args.model)
-    tmp = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
+    tmp = logs_dir("tenants-bench")
     tokens = {"client": "c" * 24, "admin": "a" * 24, "flood": "f" * 24, "small": "s" * 24}
     for k, v in tokens.items():
         (tmp / k).write_text(v)
     extra = ["--max-adapters", "4", "--max-lora-rank", "8", "--speculation", "none", "--dtype", "float32",
              "--max-num-seqs", str(args.max_num_seqs), "--max-queue", "512", "--kv-cache-gb", "1"]
-    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": model_dir, "smoke": args.smoke,
-           "max_num_seqs": args.max_num_seqs, "flood_requests": args.flood, "flood_sequences": 8 * args.flood,
-           "flood_tokens": args.flood_tokens, "small_tokens": args.small_tokens, "requests": args.requests,
-           "rounds": [], "load_avg_start": os.getloadavg()[0]}
-    log_dir = tmp if args.smoke else Path("bench/results")
-    services = {arm: ServiceProcess(model_dir, extra_args=["--config", str(write_config(tmp, tokens, arm != "off")),
-                                                           *extra],
-                                    log_path=log_dir / f"tenants-service-{arm}.log",
-                                    env={"PYTHONPATH": str(Path(args.previous_tree).resolve())}
-                                    if arm == "previous" else None) for arm in arms}
-    out["previous_tree"] = args.previous_tree or None
-    try:
-        for svc in services.values():
-            svc.start()
+    config = {"model": model_dir, "smoke": args.smoke, "max_num_seqs": args.max_num_seqs, "flood_requests": args.flood,
+              "flood_sequences": 8 * args.flood, "flood_tokens": args.flood_tokens, "small_tokens": args.small_tokens,
+              "requests": args.requests, "previous_tree": args.previous_tree or None}
+    rows, extra_out = [], {}
+    arm_args = {arm: ["--config", str(write_config(tmp, tokens, arm != "off")), *extra] for arm in arms}
+    env = {"previous": {"PYTHONPATH": str(Path(args.previous_tree).resolve())}} if args.previous_tree else None
+    with services(model_dir, arm_args, tmp, env) as up:
         clients = {}
-        for arm, svc in services.items():
+        for arm, svc in up.items():
             if arm != "off":       # each tenant's own token, for sampling and for pushing its adapter
                 clients[arm] = {t: RolloutClient(svc.target, token=tokens[t], admin_token=tokens[t])
                                 for t in ("flood", "small")}
@@ -184,34 +172,29 @@ def main() -> None:
                 clients[arm] = {t: RolloutClient(svc.target, token=tokens["client"], admin_token=tokens["admin"])
                                 for t in ("flood", "small")}
             for seed, (t, c) in enumerate(clients[arm].items(), 1):
-                tensors, config, _ = adapter_state(model_dir, 8, seed=seed)
-                c.push_adapter(t, tensors, 1, config=config)
+                tensors, adapter_config, _ = adapter_state(model_dir, 8, seed=seed)
+                c.push_adapter(t, tensors, 1, config=adapter_config)
             small_latencies(clients[arm]["small"], args)             # warm-up
         for r in range(args.rounds):
-            for arm in (arms if r % 2 == 0 else arms[::-1]):
+            for arm in turns(arms, r):
                 row = {"round": r, "arm": arm, **flood_round(clients[arm], args)}
-                out["rounds"].append(row)
+                rows.append(row)
                 print(f"round {r} {arm}: small p50 alone {row['alone_p50_s']:.2f} s, during the flood "
                       f"{row['flood_p50_s']:.2f} s ({row['ratio']:.2f}x; first token {row['alone_first_p50_s']:.2f}"
                       f" -> {row['flood_first_p50_s']:.2f} s; queue depth {row['queue_depth_median']}; flood "
                       f"{row['flood_samples_per_s']} samples/s)", flush=True)
         if "fair" in clients:
             status = clients["fair"]["small"].status()
-            out["tenants"] = [{"name": t.name, "samples_total": t.samples_total} for t in status.tenants]
-    finally:
-        for svc in services.values():
-            svc.stop()
+            extra_out["tenants"] = [{"name": t.name, "samples_total": t.samples_total} for t in status.tenants]
     summary = {}
     for arm in arms:
-        ratio = statistics.median(r["ratio"] for r in out["rounds"] if r["arm"] == arm)
-        summary[f"{arm}_p50_ratio"] = round(ratio, 2)
+        ratio = [r["ratio"] for r in rows if r["arm"] == arm]
+        summary[f"{arm}_p50_ratio"] = round(statistics.median(ratio), 2)
+        summary[f"{arm}_p50_ratio_range"] = [round(min(ratio), 2), round(max(ratio), 2)]
     if "fair" in arms:
         summary["goal_2x_with_gate"] = summary["fair_p50_ratio"] <= 2.0
-    summary["load_avg_end"] = os.getloadavg()[0]
-    out["summary"] = summary
     print(json.dumps(summary))
-    out_path.write_text(json.dumps(out, indent=1) + "\n")
-    print("results:", out_path)
+    print("results:", write_result("tenants", config, summary, rows, out_path, **extra_out))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from harness import VllmServe, engine_flags, logs_dir, services, turns, write_result
+
 BACKENDS = ("vllm_serve", "service")
 API_SERVER = "from vllm.entrypoints.launchers.api_server.entry import main; main()"
 GLOO_EXTENSION = "rollout_service.engine.gloo_serve.GlooBackend"
@@ -62,31 +62,14 @@ def trl_vllm_serve_command(model: str, port: int, dtype: str, max_model_len: int
     return cmd + ["--worker-extension-cls", GLOO_EXTENSION]
 
 
-def start_servers(model: str, args, logs: Path):
-    """Both servers, ready: ({backend: base url}, [their stop functions])."""
-    from vs_vllm_serve import VllmServe, engine_flags, free_port
-
-    from rollout_client.launcher import ServiceProcess
-
+def arms(model: str, args, logs: Path) -> dict:
+    """Both servers, as bench/harness.py's services() arms: TRL's `vllm serve` and the service's extra arguments."""
     flags, env = engine_flags(model, args.dtype, args.max_model_len, args.max_num_seqs, args.kv_cache_gb)
     vllm = VllmServe(model, flags, {**env, "VLLM_SERVER_DEV_MODE": "1"}, logs / "trl_vllm_serve.log")
-    vllm.port = free_port()
-    vllm.http = f"http://127.0.0.1:{vllm.port}"
     vllm.cmd = trl_vllm_serve_command(model, vllm.port, args.dtype, args.max_model_len, flags)
-    svc = ServiceProcess(model, log_path=logs / "service.log",
-                         extra_args=["--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
-                                     "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-gb", str(args.kv_cache_gb)])
-    stops = []
-    try:
-        vllm.start()
-        stops.append(vllm.stop)
-        svc.start()
-        stops.append(svc.stop)
-    except BaseException:
-        for stop in stops:
-            stop()
-        raise
-    return {"vllm_serve": vllm.http, "service": svc.http}, stops, vllm.cmd
+    return {"vllm_serve": vllm, "service": ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
+                                            "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-gb",
+                                            str(args.kv_cache_gb)]}
 
 
 # ---- one trainer run (a child process) ----------------------------------------------------------------------
@@ -275,21 +258,19 @@ def main() -> int:
         return run_worker(args)
     if args.smoke:
         args.steps, args.rounds, args.prompts, args.generations, args.max_completion = 1, 1, 2, 2, 8
-    out_path = Path(args.out or (tempfile.mkdtemp(prefix="trl-grpo-smoke-") + "/trl_grpo.json" if args.smoke
-                                 else "bench/results/trl_grpo.json"))
+    out_path = args.out or (tempfile.mkdtemp(prefix="trl-grpo-smoke-") + "/trl_grpo.json" if args.smoke else None)
 
     from rollout_service.cli import resolve_model
 
     model = resolve_model(args.model)
-    logs = Path(tempfile.mkdtemp(prefix="trl-grpo-logs-"))
-    urls, stops, vllm_cmd = start_servers(model, args, logs)
+    logs = logs_dir("trl-grpo-logs")
+    servers = arms(model, args, logs)
     runs = []
-    try:
+    with services(model, servers, logs) as up:
         for r in range(args.rounds):
-            order = BACKENDS if r % 2 == 0 else BACKENDS[::-1]
-            for b in order:
+            for b in turns(BACKENDS, r):
                 result = logs / f"run{r}_{b}.json"
-                cmd = [sys.executable, __file__, "--worker", "--model", model, "--url", urls[b], "--result",
+                cmd = [sys.executable, __file__, "--worker", "--model", model, "--url", up[b].http, "--result",
                        str(result), "--steps", str(args.steps), "--prompts", str(args.prompts), "--generations",
                        str(args.generations), "--max-completion", str(args.max_completion), "--temperature",
                        str(args.temperature), "--seed", str(args.seed)]
@@ -303,20 +284,14 @@ def main() -> int:
                 last = got["steps"][-1]
                 print(f"round {r} {b:>10}: " + " ".join(f"{k} {last[k]:.2f}" for k in ("total_s", *SPLIT))
                       + f" reward {last['reward']}", flush=True)
-    finally:
-        for stop in reversed(stops):
-            stop()
     import trl
 
     summary = summarize(runs)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-              "command": "bench/trl_grpo.py " + " ".join(sys.argv[1:]), "model": model, "trl": trl.__version__,
-              "config": {k: getattr(args, k) for k in ("steps", "rounds", "prompts", "generations", "max_completion",
-                                                       "temperature", "seed", "dtype", "max_model_len",
-                                                       "max_num_seqs", "kv_cache_gb")},
-              "trl_vllm_serve_command": vllm_cmd, "logs": str(logs), "summary": summary, "runs": runs}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=1))
+    config = {"model": model, "trl": trl.__version__} | {k: getattr(args, k) for k in (
+        "steps", "rounds", "prompts", "generations", "max_completion", "temperature", "seed", "dtype", "max_model_len",
+        "max_num_seqs", "kv_cache_gb")}
+    out_path = write_result("trl_grpo", config, summary, runs, out_path,
+                            trl_vllm_serve_command=servers["vllm_serve"].cmd, logs=str(logs))
     print(f"{'backend':>10} {'step s':>7} {'gen s':>6} {'sync s':>6} {'reward s':>8} {'train s':>7} {'reward':>7}")
     for b in BACKENDS:
         s = summary[b]

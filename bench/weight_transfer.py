@@ -14,19 +14,14 @@ bench/results/weight_transfer.json (method, model, bytes, seconds, gb_per_s, pau
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-RESULTS = Path(__file__).parent / "results"
-
-from weight_push import memcpy_gbps  # noqa: E402 - bench/ is the script's directory
+from harness import logs_dir, services, write_result
+from weight_push import memcpy_gbps  # bench/ is the script's directory
 
 
 def build_big(out: Path, gb: float, tokenizer_from: str) -> Path:
@@ -67,7 +62,6 @@ def load_state(model_dir: str) -> dict:
 
 def measure(model_dir: str, label: str, repeats: int, dtype: str, keep: bool) -> list[dict]:
     from rollout_client import RolloutClient
-    from rollout_client.launcher import ServiceProcess
     from rollout_client.transfer import WeightSync
 
     state = load_state(model_dir)
@@ -77,8 +71,8 @@ def measure(model_dir: str, label: str, repeats: int, dtype: str, keep: bool) ->
           flush=True)
     rows: list[dict] = []
     args = ["--weight-reload", "shadow", "--dtype", dtype, "--kv-cache-gb", "1"]
-    with ServiceProcess(model_dir, log_path=str(RESULTS / f"weight_transfer-{label}.log"), extra_args=args) as svc, \
-            RolloutClient(svc.target) as client:
+    with services(model_dir, {label: args}, logs_dir("weight-transfer")) as up, \
+            RolloutClient(up[label].target) as client:
         sync = WeightSync(client)
         t = time.perf_counter()
         sync.connect(timeout=300)
@@ -139,11 +133,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--big-gb", type=float, default=2.0)
     ap.add_argument("--skip-big", action="store_true")
-    ap.add_argument("--out", default=str(RESULTS / "weight_transfer.json"))
+    ap.add_argument("--out", default=None, help="default bench/results/weight_transfer.json")
     args = ap.parse_args()
     from rollout_service.cli import resolve_model
 
-    date = datetime.datetime.now().isoformat(timespec="minutes")
     default = resolve_model(None)
     rows = measure(default, "smollm2-135m", args.repeats, "float32", keep=True)
     if not args.skip_big:
@@ -152,8 +145,6 @@ def main() -> None:
             big = build_big(Path(d) / "big", args.big_gb, default)
             print(f"\nbuilt the synthetic model in {time.perf_counter() - t:.0f} s", flush=True)
             rows += measure(str(big), f"llama-{args.big_gb:g}gb", args.repeats, "bfloat16", keep=False)
-    for r in rows:
-        r["date"] = date
     print("\nmodel            mode  method        GB/s   seconds  pause ms  memcpy GB/s")
     for r in rows:
         print(f"{r['model']:<16} {r['mode']:<5} {r['method']:<12} {r['gb_per_s']:6.2f} {r['seconds']:8.2f} "
@@ -161,8 +152,7 @@ def main() -> None:
     for model in dict.fromkeys(r["model"] for r in rows):
         by = {r["method"]: r for r in rows if r["model"] == model and r["mode"] == "wait"}
         print(f"{model}: transfer / push_weights = {by['transfer']['gb_per_s'] / by['push_weights']['gb_per_s']:.2f}x")
-    Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_result('weight_transfer', vars(args), rows, out=args.out)}")
 
 
 if __name__ == "__main__":

@@ -160,6 +160,16 @@ def resolve_model(model: str | None) -> str:
     return model
 
 
+def _prestart_engine_forkserver(tensor_parallel_size: int) -> None:
+    """Engines that start in this process, from the fork server where they will take it: started now, so that its
+    import of vLLM runs beside this process's own (engine/forkserver.prestart)."""
+    from rollout_service.engine import forkserver
+    from rollout_service.engine.patches import forkserver_expected
+
+    if forkserver_expected():
+        forkserver.prestart(tensor_parallel_size)
+
+
 def cmd_serve(args) -> int:
     from rollout_service.config import ConfigError, load_config, parse_k_schedule
 
@@ -176,9 +186,7 @@ def cmd_serve(args) -> int:
         print(f"rollout-service: {e}", file=sys.stderr)
         return 2
     if not cfg.ray.address:          # the engines start here (a Ray actor starts its own): before vLLM is imported
-        from rollout_service.engine import forkserver
-
-        forkserver.prestart(cfg.engine.tensor_parallel_size)
+        _prestart_engine_forkserver(cfg.engine.tensor_parallel_size)
     from rollout_service.server.app import serve
 
     try:
@@ -226,10 +234,8 @@ def cmd_verify_lossless(args) -> int:
     if args.power_temperature is not None and not args.power_temperature > 0:
         print(f"rollout-service: --power-temperature {args.power_temperature}: must be > 0", file=sys.stderr)
         return 2
-    from rollout_service.engine import forkserver
-
     # the check's engines start in this process: their fork server imports vLLM beside this process's own import
-    forkserver.prestart(DEFAULT_BASE.tensor_parallel_size)
+    _prestart_engine_forkserver(DEFAULT_BASE.tensor_parallel_size)
     model = resolve_model(args.model)
     info = ModelInfo.load(model, 2048)
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 # vLLM's "auto" OpenMP binding leaves one core per NUMA node to the front end; on a 2-core machine that
 # halves the engine's compute. Up to this many usable CPUs, the engine's threads get all of them
-# (bench/cpu_threads.py measures both side by side).
+# (bench/cpu_threads.py measured both side by side: bench/results/cpu_threads.txt; retired, last at commit ed4ce89).
 SMALL_MACHINE_CPUS = 4
 
 

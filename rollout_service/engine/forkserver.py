@@ -38,7 +38,18 @@ PR_SET_PDEATHSIG = 1
 log = logging.getLogger(__name__)
 
 
-def _run_with_environment(environ: dict, target, args: tuple, kwargs: dict):
+_child_setup: list = []      # functions every engine process runs before its target (run_in_children)
+
+
+def run_in_children(setup) -> None:
+    """Have every engine process started from here call `setup()` (a module-level function: it travels pickled)
+    once its environment is installed, before its target: patches.cpu_engine_forkserver passes the registry's config
+    patches, which vLLM's handshake needs. Given, not imported: this module stays below the patch registry."""
+    if setup not in _child_setup:
+        _child_setup.append(setup)
+
+
+def _run_with_environment(environ: dict, setup: tuple, target, args: tuple, kwargs: dict):
     _let_go_of_the_front_end()
     _die_with_fork_server()
     try:        # setproctitle (vLLM names its processes) finds its room next to the C environment: before changing it
@@ -50,9 +61,8 @@ def _run_with_environment(environ: dict, target, args: tuple, kwargs: dict):
     os.environ.clear()
     os.environ.update(environ)
     os.environ[ROOT_ENV] = str(os.getpid())
-    from rollout_service.engine.patches import install_config_patches
-
-    install_config_patches()             # before vLLM re-checks its config in the handshake
+    for fn in setup:                     # the registry's config patches: before vLLM re-checks its config
+        fn()
     lifeline.rearm()                     # forked from the fork server's image: its own watch, rooted here
     return target(*args, **kwargs)
 
@@ -113,9 +123,9 @@ _prestart_lock = threading.Lock()
 
 def prestart(tensor_parallel_size: int) -> bool:
     """Start the fork server now, in a process that will start its engines here and has not imported vLLM yet, where
-    they will take it (patches.forkserver_expected): its import of vLLM's engine core (~13 s on 2 cores) then runs
-    beside this process's own import of vLLM (5-10 s), where it used to follow it at the first engine start. False
-    where it is not started.
+    they will take it (the caller asks patches.forkserver_expected first): its import of vLLM's engine core (~13 s on
+    2 cores) then runs beside this process's own import of vLLM (5-10 s), where it used to follow it at the first
+    engine start. False where it is not started.
 
     A fork server's interpreter starts with the environment of the moment, so it is made what the first engine start
     would give it: the CPU environment (cpu_env.prepare_cpu_environment: LD_PRELOAD acts only when an interpreter
@@ -125,10 +135,6 @@ def prestart(tensor_parallel_size: int) -> bool:
     global _prestarted
     from rollout_service.engine.cpu_env import (cpu_platform_environment, extra_environment,
                                                 prepare_cpu_environment)
-    from rollout_service.engine.patches import forkserver_expected
-
-    if not forkserver_expected():
-        return False
     prepare_cpu_environment()
     lifeline.mark_front_end()
     engine_env = cpu_platform_environment(tensor_parallel_size)
@@ -175,7 +181,7 @@ class EngineProcess(multiprocessing.context.ForkServerProcess):
 
     def start(self) -> None:
         _check_prestarted()
-        self._args = (dict(os.environ), self._target, tuple(self._args), dict(self._kwargs))
+        self._args = (dict(os.environ), tuple(_child_setup), self._target, tuple(self._args), dict(self._kwargs))
         self._kwargs = {}
         self._target = _run_with_environment
         super().start()

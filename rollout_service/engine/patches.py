@@ -84,6 +84,7 @@ def _engine_forkserver() -> bool:
 
     from rollout_service.engine import forkserver
 
+    forkserver.run_in_children(install_config_patches)   # vLLM's handshake re-checks the config before plugins load
     engine_utils.get_mp_context = forkserver.context     # the engine-core launcher's (CoreEngineProcManager) only
     applied = [n for n in os.environ.get(FRONT_END_ENV, "").split(",") if n]
     os.environ[FRONT_END_ENV] = ",".join(applied + ["cpu_engine_forkserver"])   # for its workers' report

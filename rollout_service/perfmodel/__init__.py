@@ -7,7 +7,7 @@ One noun per file, read in this order:
     moe.py         mixtures of experts: experts read per step, expert parallelism's busiest device, the all-to-all
     step.py        one engine step: the time of a plain or speculative step (GPUs: the fitted form; CPU: the
                    calibrated roofline); single step times (simulate --step-table)
-    fit.py         a GPU profile fitted to a bench/gpu_step_probe.py file (simulate --hardware-from)
+    fit.py         a GPU profile fitted to a perf/gpu_step_probe.py file (simulate --hardware-from)
     rollout.py     a rollout batch: throughput and speedup by concurrency and k, the batch draining
     rl.py          an RL step: sync or async, speculation on or off
     weight_sync.py a weight push whole or as a delta (changed elements only), over a link; its share of the step

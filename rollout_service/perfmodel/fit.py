@@ -1,4 +1,4 @@
-"""A GPU profile fitted to measured decode steps: a bench/gpu_step_probe.py file (or the shared reference,
+"""A GPU profile fitted to measured decode steps: a perf/gpu_step_probe.py file (or the shared reference,
 ../shared/reference/h200-steps.json, which has the same form).
 
     python -m rollout_service.perfmodel.fit FILE [--datasheet h200]     # print the fitted constants
@@ -64,7 +64,7 @@ def transformer_for(kind: str, data: dict) -> pm.Transformer:
     return pm.Transformer(name=kind, layers=s["layers"], hidden=s["hidden"], heads=s["heads"],
                           kv_heads=s["kv_heads"], head_dim=s["head_dim"], intermediate=s["mlp"], vocab=s["vocab"],
                           experts=s.get("experts", 0), experts_per_tok=s.get("experts_per_tok", 0),
-                          expert_intermediate=s.get("expert_intermediate", 0))     # bench/moe_step_probe.py
+                          expert_intermediate=s.get("expert_intermediate", 0))     # perf/moe_step_probe.py
 
 
 def read(path: str | Path) -> Probe:

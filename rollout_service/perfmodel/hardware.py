@@ -5,7 +5,7 @@ step time follows from them (step.py) is a form fitted to measured
 H200 steps (GPU_FIT below, the one place its constants live, with their source); what vLLM adds outside the GPU's
 kernels is this model's assumption (GPU_ASSUMPTIONS). The CPU profile keeps the plain roofline
 max(bytes / (mem_bw * mem_eff), FLOPs / (flops * flop_eff)) + overhead, every field fitted to a calibration file
-(bench/calibrate_cpu.py). `from_probe` (perfmodel/fit.py) fits a profile to any GPU's bench/gpu_step_probe.py file.
+(perf/calibrate_cpu.py). `from_probe` (perfmodel/fit.py) fits a profile to any GPU's perf/gpu_step_probe.py file.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class Hardware:
 # at ~4.0 TB/s (the probe's copy: 4.26) and reach ~610 TFLOP/s (an 8192^3 matmul: 785). The per-layer costs are
 # those of that plain PyTorch step (~24 kernels a layer); vLLM fuses more of a layer, so they are conservative for
 # it. attn_cta_bw is not carried over: vLLM's decode attention splits the cache (StepFit.attn_cta_bw).
-# bench/validate_perfmodel.py --gpu-reference checks the form against the file and held-out probe runs.
+# perf/validate_perfmodel.py --gpu-reference checks the form against the file and held-out probe runs.
 GPU_FIT = StepFit(layer_s=75.0e-6, verify_layer_s=11.8e-6, overlap=0.72, sampler_passes=12.9, attn_cta_bw=None,
                   source="fitted to ../shared/reference/h200-steps.json (NVIDIA H200, 2026-11-26)")
 GPU_EFFICIENCY = {"mem_eff": 0.838, "flop_eff": 0.618}
@@ -137,7 +137,7 @@ B200 = Hardware(
 
 
 def cpu_from_calibration(path: str | Path) -> Hardware:
-    """This machine, with every field fitted by bench/calibrate_cpu.py and read from its JSON (`fit`)."""
+    """This machine, with every field fitted by perf/calibrate_cpu.py and read from its JSON (`fit`)."""
     data = json.loads(Path(path).read_text())
     fit = data["fit"]
     return Hardware(
@@ -162,7 +162,7 @@ def get(name: str, calibration: str | Path | None = None) -> Hardware:
         path = Path(calibration) if calibration else default_calibration()
         if not path.exists():
             raise SystemExit(f"the cpu profile is fitted to {path}, which does not exist; run "
-                             "bench/calibrate_cpu.py first (or pass --calibration)")
+                             "perf/calibrate_cpu.py first (or pass --calibration)")
         return cpu_from_calibration(path)
     if name not in PROFILES:
         raise SystemExit(f"unknown hardware {name!r}: choose cpu, {', '.join(PROFILES)}")

@@ -47,7 +47,7 @@ def train_seconds(policy: Transformer, hw: Hardware, tokens: int, train_gpus: in
 # policy. Sources:
 # - nccl: verl's NCCL broadcast, trainer to engine, 8.25 GB/s per GPU (published; issue 28), capped by the link.
 # - ipc: a trainer on the same GPU hands its weights over by CUDA IPC handles and the engine copies them: 2 GB in
-#   12 ms on an H200 the first time (handle open + copy: 165 GB/s), 1.4 ms after (bench/gpu_ipc_probe.py,
+#   12 ms on an H200 the first time (handle open + copy: 165 GB/s), 1.4 ms after (perf/gpu_ipc_probe.py,
 #   bench/results/gpu_ipc_probe.json, 2026-11-26); the first-time rate is used.
 # - stream: PushWeights through the front end (gRPC, staging, one copy for every engine): 0.24-0.33 GB/s measured
 #   on 2 CPU cores (bench/weight_transfer.py); host-bound, not per device. A GPU node's host is faster; this is the

@@ -5,7 +5,7 @@
     rollout-service simulate --hardware h200 --policy-config qwen3-8b [--drafter-config qwen3-8b-eagle3] \\
         --step-table 1:1:512,64:4:2048 --json -        # single step times: {"steps": [{batch, width, context,
                                                        # seconds, draft_seconds}]}
-    --hardware-from FILE: a profile fitted to a bench/gpu_step_probe.py file instead of --hardware (perfmodel/fit.py)
+    --hardware-from FILE: a profile fitted to a perf/gpu_step_probe.py file instead of --hardware (perfmodel/fit.py)
     rollout-service simulate --hardware gb200 --policy-config qwen3-235b-a22b --drafter-config qwen3-8b-eagle3 \
         --acceptance 0.62 --tp 1 --ep 72 --engines 1 --max-concurrency 9216   # MoE: experts over an NVL72 domain
 """
@@ -25,10 +25,10 @@ from rollout_service.perfmodel.step import Drafter, data_groups, device_weight_b
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="gb200", help="cpu (fitted to --calibration), h100, h200 or gb200")
     p.add_argument("--hardware-from", metavar="FILE",
-                   help="a GPU profile fitted to this bench/gpu_step_probe.py file (or ../shared/reference/"
+                   help="a GPU profile fitted to this perf/gpu_step_probe.py file (or ../shared/reference/"
                         "h200-steps.json) instead of --hardware: its own bandwidth, FLOP/s and step costs")
     p.add_argument("--calibration",
-                   help="cpu: bench/calibrate_cpu.py's JSON (default bench/results/cpu_calibration.json)")
+                   help="cpu: perf/calibrate_cpu.py's JSON (default bench/results/cpu_calibration.json)")
     p.add_argument("--policy-config", required=True,
                    help="the policy's config.json (or its directory, or a shipped name: qwen3-8b, qwen3-14b, "
                         "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3)")

@@ -155,7 +155,7 @@ def spec_step(m: Transformer, d: Drafter | None, hw: Hardware, batch: int, k: in
 
 def step_table(policy: Transformer, hw: Hardware, cells, drafter: Drafter | None = None, tp: int = 1,
                ep: int = 1) -> dict:
-    """Single step times, `rollout-service simulate --step-table`'s answer and what bench/validate_perfmodel.py
+    """Single step times, `rollout-service simulate --step-table`'s answer and what perf/validate_perfmodel.py
     compares with measured steps: {"steps": [{batch, width, context, seconds[, draft_seconds]}]} for each
     (batch, width, context) of `cells`; seconds: one forward (its overhead included; sampling and drafting not),
     draft_seconds: one drafter step at that batch and context."""

@@ -13,7 +13,7 @@
              (rl.swap_seconds); delta: a scatter of the changed elements into the served weights (modelled:
              SCATTER_EFF, APPLY_FIXED_S).
     share    seconds / (step_s + seconds): step_s is the rest of a sync RL step, generate + train (rl.rl_step),
-             which the caller takes from the RL step model (bench/projections.py --weight-sync: simulate.build)
+             which the caller takes from the RL step model (perf/projections.py --weight-sync: simulate.build)
 Not modelled: compressing the delta. zlib level 1 halves the payload (47-68x against full) but costs ~0.13 s of
 one CPU core per 10 MB, so it pays only on links below ~0.3 Gb/s.
 """

@@ -82,7 +82,7 @@ def test_k_chosen_per_step_is_lossless(tiny_model, drafter, plain, off):
     assert len(report.k_steps) == 4 and report.k_steps[0] > 0 and sum(report.k_steps[1:]) > 0, report.k_steps
     if off:
         assert report.drafter_off_steps == report.k_steps[0], (report.drafter_off_steps, report.k_steps)
-    # the engine's step trace (bench/speculation_repeat.py reads it) holds every step the controller counted
+    # the engine's step trace (bench/speculation_repeat.py read it; retired at ed4ce89) holds every step counted
     assert len(report.k_trace) == sum(report.k_steps) < 4096, (len(report.k_trace), report.k_steps)
     assert sum(off for _, _, _, off, _, _ in report.k_trace) == report.drafter_off_steps
     assert all(seconds > 0 for *_, seconds, _ in report.k_trace)

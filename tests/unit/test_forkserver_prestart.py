@@ -17,9 +17,7 @@ from rollout_service.engine import cpu_env, patches
 
 SCRIPT = textwrap.dedent("""
     import json, logging, os, sys, time
-    from rollout_service.engine import cpu_env, forkserver, patches
-
-    patches.install_config_patches = lambda: None    # also in the engine process (it imports this script): no vLLM
+    from rollout_service.engine import cpu_env, forkserver
 
     def core(q):
         q.put([os.getppid(), os.environ.get("ROLLOUT_TEST_PLATFORM")])
@@ -35,7 +33,6 @@ SCRIPT = textwrap.dedent("""
     if __name__ == "__main__":
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
         forkserver.PRELOAD[:] = ["rollout_service.engine.forkserver"]      # no vLLM import in this test
-        patches.forkserver_expected = lambda: True
         cpu_env.cpu_platform_environment = lambda tp: {"ROLLOUT_TEST_PLATFORM": f"tp{tp}"}
         mode = sys.argv[1]
         out = {"started": forkserver.prestart(2), "pid": os.getpid()}

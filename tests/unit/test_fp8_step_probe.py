@@ -1,17 +1,17 @@
-"""bench/fp8_step_probe.py's FP8 arms compute the layer they stand for (checked on the CPU by its dequantized
+"""perf/fp8_step_probe.py's FP8 arms compute the layer they stand for (checked on the CPU by its dequantized
 emulation of torch._scaled_mm), so its GPU timings compare the same model in two precisions."""
 from __future__ import annotations
 
 import pytest
 
-from tests.bench_modules import BENCH as BENCH_DIR
-from tests.bench_modules import bench_module
+from tests.bench_modules import PERF as BENCH_DIR
+from tests.bench_modules import perf_module
 
 
 @pytest.fixture(scope="module")
 def probe():
     pytest.importorskip("torch")
-    return bench_module("fp8_step_probe")
+    return perf_module("fp8_step_probe")
 
 
 @pytest.mark.parametrize("form", [dict(static=False), dict(static=True), dict(static=True, tensorwise=True)],
@@ -40,7 +40,7 @@ def test_fp8_layers_compute_what_bf16_layers_do(probe, form):
 
 
 def test_the_dry_run_writes_the_models_column_without_the_package_installed(tmp_path):
-    """The GPU machine runs `python bench/fp8_step_probe.py` from a copy of the repository with plain PyTorch, the
+    """The GPU machine runs `python perf/fp8_step_probe.py` from a copy of the repository with plain PyTorch, the
     package not installed: the probe finds rollout_service's perfmodel beside it and fills model_ratio_h200 (it came
     back empty from an H100 while it needed the installed package)."""
     import json
@@ -60,6 +60,6 @@ def test_the_dry_run_writes_the_models_column_without_the_package_installed(tmp_
                           "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     cells = json.loads(out.read_text())["cells"]
-    assert [c["model_ratio_h200"] for c in cells] == [pytest.approx(bench_module("fp8_step_probe").model_ratio(
+    assert [c["model_ratio_h200"] for c in cells] == [pytest.approx(perf_module("fp8_step_probe").model_ratio(
         1, 1, 1024))]
     assert 1.0 < cells[0]["model_ratio_h200"] < 2.0

@@ -1,17 +1,17 @@
-"""bench/lora_step_probe.py's LoRA arms compute what they stand for: each token's output is the base layer's plus
+"""perf/lora_step_probe.py's LoRA arms compute what they stand for: each token's output is the base layer's plus
 its own adapter's (x A^T) B^T, in the per-adapter (SGMV) form and the gathered (BGMV) form alike, so its GPU
 timings compare the same work."""
 from __future__ import annotations
 
 import pytest
 
-from tests.bench_modules import bench_module
+from tests.bench_modules import perf_module
 
 
 @pytest.fixture(scope="module")
 def probe():
     pytest.importorskip("torch")
-    return bench_module("lora_step_probe")
+    return perf_module("lora_step_probe")
 
 
 @pytest.mark.parametrize("gathered", [False, True], ids=["per-adapter", "gathered"])

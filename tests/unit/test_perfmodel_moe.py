@@ -13,7 +13,7 @@ import pytest
 from rollout_service.perfmodel import hardware, model, moe
 from rollout_service.perfmodel.rl import push_seconds
 from rollout_service.perfmodel.step import Drafter, device_weight_bytes, forward, spec_step, step_table
-from tests.bench_modules import bench_module
+from tests.bench_modules import perf_module
 
 ROOT = Path(__file__).resolve().parents[2]
 A3B = model.load("qwen3-30b-a3b")
@@ -181,7 +181,7 @@ def test_moe_step_probe_smoke_writes_a_file_the_fit_reads(tmp_path):
     from rollout_service.perfmodel import fit
 
     out = tmp_path / "moe.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "moe_step_probe.py"), "--smoke", "--no-env",
+    r = subprocess.run([sys.executable, str(ROOT / "perf" / "moe_step_probe.py"), "--smoke", "--no-env",
                         "--batches", "1,4", "--widths", "1,3", "--out", str(out)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -201,7 +201,7 @@ def test_moe_step_probe_smoke_writes_a_file_the_fit_reads(tmp_path):
 
 def test_grouped_and_looped_experts_agree():
     torch = pytest.importorskip("torch")
-    probe = bench_module("moe_step_probe")
+    probe = perf_module("moe_step_probe")
     torch.manual_seed(0)
     grouped = probe.MoEStack(probe.TINY, "cpu", torch.float32, probe.pick_impl("auto", "cpu", torch.float32))
     looped = replace_impl(probe, grouped, "loop")

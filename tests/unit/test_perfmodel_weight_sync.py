@@ -12,7 +12,7 @@ import pytest
 from rollout_service.perfmodel import hardware, model
 from rollout_service.perfmodel.rl import push_seconds, swap_seconds
 from rollout_service.perfmodel.weight_sync import LINKS, anchored, weight_sync
-from tests.bench_modules import bench_module
+from tests.bench_modules import perf_module
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = hardware.H200
@@ -85,10 +85,10 @@ def test_applying_a_delta_is_a_scatter_on_a_gpu_and_a_full_repack_on_the_cpu():
 
 
 def test_the_docs_table_is_what_the_code_prints():
-    """docs/projections.md's weight-sync table is bench/projections.py --weight-sync's, row for row."""
+    """docs/projections.md's weight-sync table is perf/projections.py --weight-sync's, row for row."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        bench_module("projections").weight_sync_main()
+        perf_module("projections").weight_sync_main()
     table = [line for line in out.getvalue().splitlines() if line.startswith("|")]
     doc = (ROOT / "docs" / "projections.md").read_text().splitlines()
     start = doc.index(table[0])

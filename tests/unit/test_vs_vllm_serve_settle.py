@@ -1,8 +1,7 @@
-"""bench/vs_vllm_serve.py starts each batch after vLLM's busy-poll of the batch before has ended (no vLLM started:
-vLLM's source is read, not imported)."""
+"""bench/vs_vllm_serve.py (and every scenario on bench/harness.py's turns) starts each batch after vLLM's busy-poll
+of the batch before has ended (no vLLM started: vLLM's source is read, not imported)."""
 import ast
 import importlib.util
-import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -20,10 +19,12 @@ def vllm_busy_loop_s() -> float:
 
 
 def test_each_batch_waits_out_the_busy_poll_of_the_one_before():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import vs_vllm_serve
-    finally:
-        sys.path.remove(str(BENCH))
-    assert vs_vllm_serve.SETTLE_S > vllm_busy_loop_s()
-    assert "time.sleep(SETTLE_S)" in (BENCH / "vs_vllm_serve.py").read_text()   # before every measured batch
+    import inspect
+
+    from tests.bench_modules import bench_module
+
+    harness = bench_module("harness")
+    assert harness.SETTLE_S > vllm_busy_loop_s()
+    assert inspect.signature(harness.turns).parameters["settle"].default == harness.SETTLE_S
+    assert "time.sleep(settle)" in inspect.getsource(harness.turns)            # before every arm's batch
+    assert "in turns(ARMS, r)" in (BENCH / "vs_vllm_serve.py").read_text()   # every measured batch

@@ -2,16 +2,16 @@
 heads of 128, 128 experts of moe_intermediate 768, top-8) with random bf16 weights, its experts run as grouped GEMMs
 over the top-k routing of a random router. PyTorch with CUDA only (no vLLM). What it is for: the performance model's
 MoE terms (perfmodel/moe.py: distinct experts read per step as batch and width grow) measured, and a profile fitted
-to it (`rollout-service simulate --hardware-from FILE`, perfmodel/fit.py: the file has bench/gpu_step_probe.py's form).
+to it (`rollout-service simulate --hardware-from FILE`, perfmodel/fit.py: the file has perf/gpu_step_probe.py's form).
 
-    python bench/moe_step_probe.py [--out bench/results/moe_step_probe_<gpu>.json] [--budget-s 240]
+    python perf/moe_step_probe.py [--out bench/results/moe_step_probe_<gpu>.json] [--budget-s 240]
         [--layers 48] [--batches 1,2,4,8,16,32,64,128,256] [--widths 1,4] [--contexts 512] [--impl auto]
-    python bench/moe_step_probe.py --smoke [--out FILE]   # tiny shapes on the CPU, eager, float32: seconds
+    python perf/moe_step_probe.py --smoke [--out FILE]   # tiny shapes on the CPU, eager, float32: seconds
 
 The 48 layers' weights take 61 GB: on an 80 GB GPU the batch-256 cells do not fit beside them (skipped, counted);
 --layers 24 keeps them (the file's target_shape says how many layers, and the fit prices per layer).
 
-Writes (the form of bench/gpu_step_probe.py's files, which perfmodel/fit.py reads):
+Writes (the form of perf/gpu_step_probe.py's files, which perfmodel/fit.py reads):
 - `env`, `copies`: the device's copy and matmul rates (gpu_step_probe.env_rates).
 - `cells`: one decoding step of the whole model for `batch` sequences, `width` new tokens each (k + 1 for a verify of
   k drafts; default widths 1 and 4) over `context` cached tokens. Per layer: RMSNorm, fused QKV, the new K/V written
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     def log(msg):
         print(msg, flush=True)
 
-    result = {"what": (f"MoE decode-step times (bench/moe_step_probe.py): a {kind} shape with random weights, experts "
+    result = {"what": (f"MoE decode-step times (perf/moe_step_probe.py): a {kind} shape with random weights, experts "
                        "as grouped GEMMs over a random router's top-k, one CUDA graph per (batch, width, context), no "
                        "scheduler."),
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes")}

@@ -1,10 +1,10 @@
 """Calibrate the performance model's CPU profile (rollout_service/perfmodel) on this machine (not a test; ~20 min).
 
-    .venv/bin/python bench/calibrate_cpu.py [--batches 1,4,8,16,32,64] [--ks 1,3] [--methods eagle3,draft_model,ngram]
+    .venv/bin/python perf/calibrate_cpu.py [--batches 1,4,8,16,32,64] [--ks 1,3] [--methods eagle3,draft_model,ngram]
                                             [--out bench/results/cpu_calibration.json]
-    .venv/bin/python bench/calibrate_cpu.py --refit     # fit again from the measurements already in --out
+    .venv/bin/python perf/calibrate_cpu.py --refit     # fit again from the measurements already in --out
     git show 64e93c7:bench/results/speculation.txt > /tmp/old.txt    # an older run's table, not the validated one
-    .venv/bin/python bench/calibrate_cpu.py --from-table /tmp/old.txt --out bench/results/cpu_calibration_interim.json
+    .venv/bin/python perf/calibrate_cpu.py --from-table /tmp/old.txt --out bench/results/cpu_calibration_interim.json
 
 Measures real vLLM engine steps on the default model, with the engine settings bench/speculation.py uses
 (VllmEngine, max_model_len 1024, the task's prompts, temperature 1.0, seeded), for each drafter method, at each
@@ -47,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))     # bench/speculation.py's engines
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 

@@ -2,11 +2,11 @@
 (bench/quantized.py: weights at 1 byte per parameter, twice the dense FLOP/s, KV cache and LM head in bf16).
 PyTorch with CUDA only (no vLLM); about a minute of measuring on an H100.
 
-    python bench/fp8_step_probe.py [--out bench/results/fp8_step_probe_<gpu>.json] [--budget-s 120]
+    python perf/fp8_step_probe.py [--out bench/results/fp8_step_probe_<gpu>.json] [--budget-s 120]
         [--batches 1,4,16,64,256] [--widths 1,4] [--contexts 1024]
-    python bench/fp8_step_probe.py --dry-run      # tiny shapes on the CPU, eager: checks the code and the file form
+    python perf/fp8_step_probe.py --dry-run      # tiny shapes on the CPU, eager: checks the code and the file form
 
-The model is bench/gpu_step_probe.py's Qwen3-8B-shaped decoder with random weights, one CUDA graph per cell. Arms,
+The model is perf/gpu_step_probe.py's Qwen3-8B-shaped decoder with random weights, one CUDA graph per cell. Arms,
 timed cell by cell in one run (bf16, fp8, fp8-static for each cell before the next):
 - `bf16`: every layer's matmuls in bf16 (gpu_step_probe.Stack).
 - `fp8`: the QKV, output, gate/up and down weights in float8_e4m3fn with one scale per output channel; each
@@ -177,7 +177,7 @@ def main() -> None:
                       f"{row['fp8_tensor'] * 1e6:7.1f} us  fp8 rowwise {row['fp8_rowwise'] * 1e6:7.1f} us", flush=True)
             gemms.append(row)
         w = wq = None                               # freed before the next shape
-    result = {"what": "FP8 against bf16 decode steps, Qwen3-8B shape (bench/fp8_step_probe.py)",
+    result = {"what": "FP8 against bf16 decode steps, Qwen3-8B shape (perf/fp8_step_probe.py)",
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
               "env": env, "copies": copies, "target_shape": {"kind": "tiny" if args.dry_run else "qwen3-8b", **shape},
               "cells": cells, "gemms": gemms,

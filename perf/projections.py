@@ -1,6 +1,6 @@
 """The GPU projections of docs/projections.md, re-run in one go (not a test; seconds):
 
-    .venv/bin/python bench/projections.py [--hardware gb200,h100,h200] [--out-dir bench/results/perfmodel]
+    .venv/bin/python perf/projections.py [--hardware gb200,h100,h200] [--out-dir bench/results/perfmodel]
         [--before SUMMARY.json]     # print each figure beside an earlier run's (e.g. the model before a change)
 
 For each hardware profile, `rollout-service simulate` (perfmodel/simulate.build) on the scenarios of the seed-paper
@@ -11,7 +11,7 @@ summary.json / projections.txt: speedup at k = 3 and at the best k by concurrenc
 An older model's summary (run this script with that model first on PYTHONPATH, --out-dir elsewhere) is read by
 --before; a profile the older model lacks is stood in for as its H100 profile with the other's bandwidth and memory.
 
-    .venv/bin/python bench/projections.py --moe      # the mixture-of-experts projections instead (issue 42)
+    .venv/bin/python perf/projections.py --moe      # the mixture-of-experts projections instead (issue 42)
 
 --moe: Qwen3-30B-A3B and Qwen3-235B-A22B on one GB200 NVL72 rack (72 GPUs) with and without speculation (EAGLE-3,
 per-token acceptance 0.62, k fixed and chosen per step), engines of tp devices or of ep devices (expert parallelism,
@@ -19,7 +19,7 @@ attention data-parallel), sync and async RL; each beside a dense model of the sa
 costs when it reads no more weights than a plain step); and the model against published MoE decode figures
 (PUBLISHED below, each with its source). Writes moe-<scenario>.json, moe_summary.json and moe_projections.txt.
 
-    .venv/bin/python bench/projections.py --weight-sync    # weight sync with and without deltas (prints only)
+    .venv/bin/python perf/projections.py --weight-sync    # weight sync with and without deltas (prints only)
 
 --weight-sync: Qwen3-8B, Qwen3-30B-A3B and Qwen3-235B-A22B on h200, full push against deltas (perfmodel/
 weight_sync.py) over NVLink, 400 Gb/s and 100 Gb/s: bytes, seconds and share of the sync RL step (generate + train
@@ -232,7 +232,7 @@ def published() -> tuple[list[str], list[dict]]:
 
 def moe_main(out: Path) -> None:
     lines = ["Mixtures of experts on one GB200 NVL72 rack (72 GPUs), 512 prompts x 16 samples, EAGLE-3 at a = 0.62",
-             "(bench/projections.py --moe; experts read = per MoE layer by a plain step / a k = 3 verify, of 128)"]
+             "(perf/projections.py --moe; experts read = per MoE layer by a plain step / a k = 3 verify, of 128)"]
     summary = {}
     for name, argv in MOE_SCENARIOS.items():
         more, summary[name] = moe_scenario(name, argv, out)

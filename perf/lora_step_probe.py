@@ -2,11 +2,11 @@
 the check of docs/lora.md's GPU arithmetic (one adapter +0.5%, 8 mixed +4.2% on Qwen3-8B). PyTorch with CUDA only
 (no vLLM); about a minute of measuring on an H100.
 
-    python bench/lora_step_probe.py [--out bench/results/lora_step_probe_<gpu>.json] [--rank 16]
+    python perf/lora_step_probe.py [--out bench/results/lora_step_probe_<gpu>.json] [--rank 16]
         [--batches 1,4,16,64,256] [--adapters 1,4,8] [--context 1024] [--budget-s 150]
-    python bench/lora_step_probe.py --dry-run     # tiny shapes on the CPU, eager: checks the code and the file form
+    python perf/lora_step_probe.py --dry-run     # tiny shapes on the CPU, eager: checks the code and the file form
 
-The model is bench/gpu_step_probe.py's Qwen3-8B-shaped decoder (random bf16 weights, one CUDA graph per cell). Each
+The model is perf/gpu_step_probe.py's Qwen3-8B-shaped decoder (random bf16 weights, one CUDA graph per cell). Each
 linear layer (fused QKV, output, fused gate/up, down) carries `--rank` LoRA factors per adapter, A [rank, in] and
 B [out, rank], as vLLM applies them to its fused layers. A step with `m` adapters mixed splits the batch's sequences
 into m contiguous groups (vLLM's Punica path sorts tokens by adapter the same way) and adds each group's
@@ -147,7 +147,7 @@ def main() -> None:
         if cuda:
             torch.cuda.empty_cache()
     result = {"what": f"LoRA rank {args.rank} on every linear layer of a Qwen3-8B-shaped decode step, one adapter and "
-                      "several mixed against the base (bench/lora_step_probe.py)",
+                      "several mixed against the base (perf/lora_step_probe.py)",
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
               "env": env, "target_shape": {"kind": "tiny" if args.dry_run else "qwen3-8b", **shape}, "rank": args.rank,
               "cells": cells,

@@ -1,7 +1,7 @@
 """Validate the performance model on this machine: predict every cell of the latest speculation benchmark from the
 CPU calibration and each cell's measured acceptance only (never its throughput), and compare (not a test).
 
-    .venv/bin/python bench/validate_perfmodel.py [--calibration bench/results/cpu_calibration.json]
+    .venv/bin/python perf/validate_perfmodel.py [--calibration bench/results/cpu_calibration.json]
         [--cells bench/results/speculation.json | --table bench/results/speculation.txt]
         [--out bench/results/simulator_validation.json]
 
@@ -20,9 +20,9 @@ benchmark cells, not in their median: the runs are hours apart on a machine that
 too, for information only:
 this machine drifts up to 3x within a day, so absolute rates are not comparable across runs.
 
-GPU steps (--gpu-reference FILE: ../shared/reference/h200-steps.json or a bench/gpu_step_probe.py file):
+GPU steps (--gpu-reference FILE: ../shared/reference/h200-steps.json or a perf/gpu_step_probe.py file):
 
-    .venv/bin/python bench/validate_perfmodel.py --gpu-reference ../shared/reference/h200-steps.json \\
+    .venv/bin/python perf/validate_perfmodel.py --gpu-reference ../shared/reference/h200-steps.json \\
         [--held-out bench/results/gpu_step_probe_h200_heldout.json,...] [--probe bench/results/gpu_step_probe_h200.json]
         [--gpu-out bench/results/gpu_validation_h200]      # .json and .txt
 
@@ -133,10 +133,10 @@ def why(w: dict, cal: dict) -> str:
                " calibration); the controller's cells were poisoned by a warm-up step and it measured every k before"
                " knowing the acceptance (both fixed after that run; docs/benchmarks.md)."
                if w["method"] == "ngram" and w["k"] == "auto" else "")
-            + (" This is an interim calibration (bench/calibrate_cpu.py --from-table): its drafter steps are "
+            + (" This is an interim calibration (perf/calibrate_cpu.py --from-table): its drafter steps are "
                "PyTorch forwards timed outside vLLM (cost c) and it has no verify step wider than one token, so "
                "vLLM's own drafting overhead and the cost of k + 1 query tokens per sequence are extrapolated, "
-               "not measured; bench/calibrate_cpu.py without --from-table measures both." if cal.get("drafter_cost")
+               "not measured; perf/calibrate_cpu.py without --from-table measures both." if cal.get("drafter_cost")
                else ""))
 
 
@@ -257,6 +257,7 @@ def main() -> None:
     target = pm.from_config(cal["model_config"], name="SmolLM2-135M-Instruct")
     source = args.table or args.cells
     cells = read_table(Path(args.table)) if args.table else json.loads(Path(args.cells).read_text())
+    cells = cells["summary"] if isinstance(cells, dict) else cells           # bench/harness.py's schema
     cells = [c for c in cells if c["method"] in PRICED]
     out = []
     for cell in cells:
@@ -269,7 +270,7 @@ def main() -> None:
     errs = [c["abs_error"] for c in out]
     worst = max(out, key=lambda c: c["abs_error"])
     result = {"cells_from": source, "calibration": args.calibration, "calibration_date": cal.get("date"),
-              "calibration_source": cal.get("source", "bench/calibrate_cpu.py: vLLM plain and speculative steps"),
+              "calibration_source": cal.get("source", "perf/calibrate_cpu.py: vLLM plain and speculative steps"),
               "quantity": "speedup (speculative tok/s over plain tok/s in the same run)",
               "median_abs_error": round(statistics.median(errs), 4), "max_abs_error": round(max(errs), 4),
               "goal": "median_abs_error <= 0.15 (issue 21)", "goal_met": statistics.median(errs) <= 0.15,

@@ -3,10 +3,10 @@ fitted to (`rollout-service simulate --hardware-from FILE`). Needs PyTorch with 
 measuring on an H200 (about a minute with start-up), never more than --budget-s (what is left is skipped and
 counted in the file's `probe.skipped_cells`).
 
-    python bench/gpu_step_probe.py [--out bench/results/gpu_step_probe_<gpu>.json] [--budget-s 150]
+    python perf/gpu_step_probe.py [--out bench/results/gpu_step_probe_<gpu>.json] [--budget-s 150]
         [--target-config CONFIG.json] [--batches 1,2,4,...] [--widths 1,2,3,4,5] [--contexts 512,2048]
         [--max-kv-tokens 140000] [--no-drafters] [--no-env] [--gqa fold|native|expand]
-    python bench/gpu_step_probe.py --dry-run     # tiny shapes on the CPU, eager: checks the code and the file form
+    python perf/gpu_step_probe.py --dry-run     # tiny shapes on the CPU, eager: checks the code and the file form
 
 Written from the method of ../shared/reference/README.md (h200-steps.json), and writes the same JSON form:
 - `env`: a device-to-device copy's rate counting bytes read and written; an 8192^3 bf16 matmul's FLOP/s.
@@ -83,7 +83,7 @@ class Stack:
         self.lm = w(s["vocab"], h)
 
     def linear(self, x, weight):
-        """A layer's matmul (bench/fp8_step_probe.py runs its FP8 twin here)."""
+        """A layer's matmul (perf/fp8_step_probe.py runs its FP8 twin here)."""
         import torch.nn.functional as F
 
         return F.linear(x, weight)
@@ -349,7 +349,7 @@ def main() -> None:
     def log(msg):
         print(msg, flush=True)
 
-    result = {"what": (f"Decode-step times of an ideal engine (bench/gpu_step_probe.py): a {kind}-shaped model "
+    result = {"what": (f"Decode-step times of an ideal engine (perf/gpu_step_probe.py): a {kind}-shaped model "
                        "with random bf16 weights, one CUDA graph per (batch, width, context), no scheduler; an EAGLE-3-"
                        "shaped head step and a Qwen3-0.6B-shaped draft-model step; a vLLM-style sampler; host/device "
                        "copy rates. Method: ../shared/reference/README.md."),

@@ -2,7 +2,7 @@
 on the same GPU by CUDA IPC handles, and the engine copies them into its own buffers (what vLLM's ipc engine does
 before loading). Needs PyTorch with CUDA only:
 
-    python bench/gpu_ipc_probe.py [--gb 2] [--repeats 5] [--out bench/results/gpu_ipc_probe.json]
+    python perf/gpu_ipc_probe.py [--gb 2] [--repeats 5] [--out bench/results/gpu_ipc_probe.json]
 
 Reports, per repeat, the seconds from the engine receiving the handles to its copies done (open + device-to-device
 copy), beside one process's device-to-device copy of the same bytes and a pinned host-to-device copy, as GB/s.
