@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--trainer-args", default="", help="more rollout-grpo arguments (quoted)")
     ap.add_argument("--out", default=None, help="default bench/results/delta_sync.json")
     args = ap.parse_args()
+    if args.steps < 2:
+        ap.error(f"--steps {args.steps}: at least 2 (the first push is a full one; deltas follow it)")
 
     import torch
     from rollout_client import RolloutClient
@@ -119,6 +121,7 @@ def report(rows: list[dict], args) -> None:
         all_same_weights=all(r["same_weights"] for r in rows))
     print("\n" + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
     print(f"wrote {write_result('delta_sync', vars(args), summary, rows, args.out)}")
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

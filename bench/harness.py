@@ -31,9 +31,9 @@ RESULTS = ROOT / "bench" / "results"
 # ran its first second beside it (its first token 0.3-1.0 s late; whichever arm followed the other server lost).
 SETTLE_S = 1.5
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-for _p in (str(ROOT), str(ROOT / "bench")):          # scenarios import the repository (tests/) and their neighbours
-    if _p not in sys.path:
-        sys.path.append(_p)
+for _i, _p in enumerate((str(ROOT), str(ROOT / "bench"))):   # scenarios import the repository's tests/ (ahead of
+    if _p not in sys.path:                                  # site-packages: some packages install a `tests`) and
+        sys.path.insert(_i, _p)                             # their neighbours
 
 
 class VllmServe:

@@ -1,4 +1,7 @@
+import functools
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -6,9 +9,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 def _pin_xdist_worker() -> None:
-    """Under pytest-xdist (`-n 2 --dist loadfile`, the README's test command) each worker, and every service and
-    engine it starts, runs on its own share of the CPUs: an engine binds its OpenMP threads to the CPUs it may use
-    (engine/cpu_env.py), so two workers' engines do not spin on the same cores."""
+    """Under pytest-xdist (`-n 2 --dist loadfile`: 14-15 min here against ~21 in one process) each worker, and
+    every service and engine it starts, runs on its own share of the CPUs: an engine binds its OpenMP threads to the
+    CPUs it may use (engine/cpu_env.py), so two workers' engines do not spin on the same cores."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not worker or not count or not hasattr(os, "sched_setaffinity"):
         return
@@ -30,3 +33,31 @@ def _remove_in_process_staging():
 
     remove_scratch_root()
 
+
+
+# Session services that several modules share (tests/integration/conftest.py): under pytest-xdist the modules that
+# use one run on the same worker, in their order, so that it starts once.
+SHARED_SERVICES = ("spec_service", "tool_service")
+
+
+@functools.lru_cache(maxsize=None)
+def _scope(module: str) -> str:
+    """The xdist scope of a test module: the first shared service its text names, else the module itself."""
+    try:
+        text = (Path(__file__).parent.parent / module).read_text()
+    except OSError:
+        return module
+    return next((name for name in SHARED_SERVICES if re.search(rf"\b{name}\b", text)), module)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the modules sharing a session service in one scope."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedServiceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid.split("::", 1)[0])
+
+    return SharedServiceScheduling(config, log)

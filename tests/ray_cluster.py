@@ -20,11 +20,15 @@ class LocalRayCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.temp = Path(f"/tmp/rt{os.getpid()}")        # short: Ray's socket paths have a length limit
         self.ray = str(Path(sys.executable).parent / "ray")
-        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        # Ray's memory monitor kills actors once the machine's used memory passes its threshold (0.95 by default):
+        # beside another pytest-xdist worker's engines that is a test's engine killed, not a fault of the service;
+        # the kernel's OOM killer stays the backstop. The object store is kept small: no test puts large objects.
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_usage_threshold": "0.99"}
 
     def __enter__(self) -> "LocalRayCluster":
         subprocess.run([self.ray, "start", "--head", f"--port={self.port}", f"--num-cpus={self.num_cpus}",
-                        "--include-dashboard=false", f"--temp-dir={self.temp}", "--disable-usage-stats"],
+                        "--include-dashboard=false", f"--temp-dir={self.temp}", "--disable-usage-stats",
+                        f"--object-store-memory={256 << 20}"],
                        check=True, env=self.env, timeout=self.timeout, capture_output=True)
         return self
 
