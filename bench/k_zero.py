@@ -14,6 +14,13 @@ bench/speculation.py). Prints tok/s and the ratio per round.
 (plain, k0, auto), and prints what the controller measured and chose: steps by k, and per batch bucket the step
 time at each k and the k it settled on. A controlled engine that settles on k = 0 should run like the k0 one.
 Results: bench/results/k_zero.json (--out; bench/harness.py's schema).
+
+Start order biases engines that share one process: of several identical plain engines started one after another in
+one process, each later one ran faster than the one before (three, one sequence, float32, rounds rotated: 44.0,
+40.7, 39.6 ms a token in start order, and 43.0, 38.6, 37.0 in a second run; 2026-12-07; cause not found: their
+memory, huge pages, OpenMP libraries and thread binding were the same). So by default plain, started first, is
+penalised; `--plain-last` starts it after the speculative engines: run both orders and report both (or their
+geometric mean).
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ async def run(args) -> None:
     conc = [int(x) for x in args.concurrency.split(",")]
     n_of = {c: max(8, c * args.samples_per_slot) for c in conc}
     work = Workload(AutoTokenizer.from_pretrained(model))
-    plain = await start(model, SpeculationConfig())
+    plain = None if args.plain_last else await start(model, SpeculationConfig())
     rows = []
     try:
         for method in args.methods.split(","):
@@ -45,6 +52,8 @@ async def run(args) -> None:
                                                        k_by_batch_size=[(1, OPEN_BATCH, 0)]))
             auto = await start(model, SpeculationConfig(method=method, model=drafters[method], num_speculative_tokens=3,
                                                         k_control="auto")) if args.auto else None
+            if args.plain_last:
+                plain = await start(model, SpeculationConfig())
             try:
                 for c in conc:
                     for r in range(args.rounds):
@@ -64,8 +73,11 @@ async def run(args) -> None:
                 await eng.shutdown()
                 if auto:
                     await auto.shutdown()
+                if args.plain_last:
+                    await plain.shutdown()
     finally:
-        await plain.shutdown()
+        if plain is not None and not args.plain_last:
+            await plain.shutdown()
     print("\nmethod       conc  k=0 / plain (mean of rounds)" + ("   auto / plain" if args.auto else ""))
     for method in dict.fromkeys(m for m, *_ in rows):
         for c in conc:
@@ -93,6 +105,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--samples-per-slot", type=int, default=2)
     ap.add_argument("--auto", action="store_true", help="also an engine with the k controller (see above)")
+    ap.add_argument("--plain-last", action="store_true", help="start the plain engine after the speculative ones "
+                    "(see above: run both orders and take both)")
     ap.add_argument("--out", default=None, help="default bench/results/k_zero.json")
     asyncio.run(run(ap.parse_args()))
 

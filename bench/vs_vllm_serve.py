@@ -3,6 +3,7 @@ interleaved run (not a test).
 
     .venv/bin/python bench/vs_vllm_serve.py [--model DIR] [--concurrency 1,8,64] [--n 4] [--max-tokens 128]
         [--rounds 2] [--streamed no,yes] [--speculation none|ngram|eagle3|draft_model] [--draft-model DIR]
+        [--k-by-batch-size 1-:0]
         [--out bench/results/vs_vllm_serve.json]
 
 Three arms on one OpenAI-completions load (prompts from rollout_tasks' arithmetic task, chat-formatted token ids; n
@@ -170,6 +171,8 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64, help="both servers' cap on running sequences (it was the "
                     "largest --concurrency before 2026-11-28: the EAGLE-3 run at --concurrency 1,8 ran 8 at a time)")
     ap.add_argument("--speculation", default="none", choices=["none", "ngram", "eagle3", "draft_model"])
+    ap.add_argument("--k-by-batch-size", default=None, metavar="FIRST-LAST:K,...", help="with --speculation: k by "
+                    "batch size instead of the k controller (1-:0 holds k at 0: what a step that drafts nothing costs)")
     ap.add_argument("--draft-model", default=None, help="eagle3 / draft_model: the drafter (default: the default "
                     "model's, `rollout-service prepare-drafter --kind KIND`, prepared once and cached)")
     ap.add_argument("--out", default=None, help="default bench/results/vs_vllm_serve.json")
@@ -194,7 +197,8 @@ def main() -> int:
     ours = ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs",
             str(args.max_num_seqs), "--kv-cache-gb", str(args.kv_cache_gb)]
     if args.speculation != "none":
-        ours += ["--speculation", args.speculation] + (["--draft-model", drafter] if drafter else [])
+        ours += ["--speculation", args.speculation] + (["--draft-model", drafter] if drafter else []) + \
+            (["--k-by-batch-size", args.k_by_batch_size] if args.k_by_batch_size else [])
     logs = logs_dir("vs-vllm-serve")
     rows, kc = [], None
     with services(model, {"vllm_serve": VllmServe(model, flags, env, logs / "vllm_serve.log"), "service": ours},
@@ -235,7 +239,8 @@ def main() -> int:
                     row[f"{arm}_ratio"], row[f"{arm}_ratio_range"] = ratio["median"], [ratio["min"], ratio["max"]]
             summary.append(row)
     config = {"model": model, "vllm_serve_flags": flags, "n": args.n, "max_tokens": args.max_tokens,
-              "speculation": args.speculation, "max_num_seqs": args.max_num_seqs, "drafter": drafter,
+              "speculation": args.speculation, "k_by_batch_size": args.k_by_batch_size,
+              "max_num_seqs": args.max_num_seqs, "drafter": drafter,
               "grpc_client": args.grpc_client, "settle_s": SETTLE_S}
     path = write_result("vs_vllm_serve", config, summary, rows, args.out, k_control=kc)
     print(f"{'conc':>4} {'stream':>6} {'vllm tok/s':>10} {'dialect':>8} {'x':>6} {'grpc':>8} {'x':>6} "

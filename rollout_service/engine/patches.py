@@ -126,6 +126,14 @@ PATCHES: tuple[Patch, ...] = (
           "cost and chooses k by it",
           ("0.32.0",), ("cpu", "cuda"), ("v1",), _module_install("speculation.k0_fastpath"),
           "ROLLOUT_DISABLE_K0_FASTPATH"),
+    Patch("draft_handoff", "speculation/draft_handoff.py",
+          "without async scheduling (always on CPU) EngineCore.post_step fetches each step's drafts from the worker "
+          "in a call of its own: three round trips between the processes per speculative step (two per plain step), "
+          "the third empty at k = 0; the worker now returns them with the step's samples",
+          "speculative step time (every k, k = 0 included)",
+          "each speculative step makes one more round trip to its worker than a plain step",
+          ("0.32.0",), ("cpu", "cuda"), ("v1",), _module_install("speculation.draft_handoff"),
+          "ROLLOUT_DISABLE_DRAFT_HANDOFF", process="engine_core"),
     Patch("suffix_any_k", "speculation/suffix_k.py",
           "SuffixDecodingProposer.propose asserts the configured k every step: dynamic speculative decoding (k per "
           "step) stops the engine",

@@ -106,6 +106,7 @@ def test_status_reports_every_vllm_patch(client, service):
     assert set(by) == {p.name for p in PATCHES}
     assert by["gloo_weight_transfer"].state == "applied"
     assert by["k0_fastpath"].state == "applied"                      # the V1 runner, the CPU's
+    assert by["draft_handoff"].state == "applied", by["draft_handoff"]   # installed in the engine core
     assert by["cpu_rejection_expansion"].state in ("applied", "not needed")
     assert by["k_scheduler"].state == "not needed" and by["k_scheduler"].reason
     assert by["cpu_worker_fork"].state == "applied", by["cpu_worker_fork"]      # the worker forked from the core
