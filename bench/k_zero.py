@@ -20,7 +20,9 @@ one process, each later one ran faster than the one before (three, one sequence,
 40.7, 39.6 ms a token in start order, and 43.0, 38.6, 37.0 in a second run; 2026-12-07). Their memory, huge pages,
 OpenMP libraries and thread binding were the same; per-thread schedstat put the difference in the worker's own CPU
 time (medians 81.8, 74.6, 71.9 ms of CPU a token over its two OpenMP threads; waiting 5.9-7.2 ms in each): the first
-engine computes slower, it does not wait longer. Cause not found. So by default plain, started first, is
+engine computes slower, it does not wait longer. Restarted mid-run (stopped, then started as the newest), it stayed
+the slowest (41.1-43.7 ms against 37.9-42.5), as if the cost were in the memory the first engine had and its
+successor took again (this VM's), not in the engine. Cause not found. So by default plain, started first, is
 penalised; `--plain-last` starts it after the speculative engines: run both orders and report both (or their
 geometric mean).
 """
