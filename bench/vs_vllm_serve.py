@@ -177,6 +177,8 @@ def main() -> int:
                     "model's, `rollout-service prepare-drafter --kind KIND`, prepared once and cached)")
     ap.add_argument("--out", default=None, help="default bench/results/vs_vllm_serve.json")
     args = ap.parse_args()
+    if args.k_by_batch_size and args.speculation == "none":
+        ap.error("--k-by-batch-size needs --speculation: without a drafter there is no k to choose")
 
     from rollout_client import RolloutClient
     from rollout_service.cli import resolve_model

@@ -9,9 +9,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 def _pin_xdist_worker() -> None:
-    """Under pytest-xdist (`-n 2 --dist loadfile`: 14-15 min here against ~21 in one process) each worker, and
-    every service and engine it starts, runs on its own share of the CPUs: an engine binds its OpenMP threads to the
-    CPUs it may use (engine/cpu_env.py), so two workers' engines do not spin on the same cores."""
+    """Under pytest-xdist (`-n 2 --dist loadfile`, the README's test command) each worker, and every service and
+    engine it starts, runs on its own share of the CPUs: an engine binds its OpenMP threads to the CPUs it may use
+    (engine/cpu_env.py), so two workers' engines do not spin on the same cores."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not worker or not count or not hasattr(os, "sched_setaffinity"):
         return
@@ -32,7 +32,6 @@ def _remove_in_process_staging():
     from rollout_service.scratch import remove_scratch_root
 
     remove_scratch_root()
-
 
 
 # Session services that several modules share (tests/integration/conftest.py): under pytest-xdist the modules that
