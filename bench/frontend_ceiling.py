@@ -1,0 +1,429 @@
+"""The front end's ceiling: tokens/s and CPU seconds per million tokens of one front-end process whose engines answer
+at once (not a test).
+
+    .venv/bin/python bench/frontend_ceiling.py [--seconds 6] [--rounds 2] [--prompts 16] [--n 4] [--tokens 256]
+                                               [--concurrency 4] [--arms grpc,grpc_stream,...] [--profile ARM]
+                                               [--out bench/results/frontend_ceiling.json]
+
+Each arm is one request shape against the real service (`serve()` of server/app.py: the gRPC servicer, the pool, the
+HTTP dialects) started as a process of its own on core 0, whose engines are `InstantEngine`s: a finished sample (or,
+streamed, one delta per step, every sequence's step before the next) the moment it is asked for, so what is measured
+is everything the service does between a request and the bytes of its answer. The client runs on core 1, keeps
+--concurrency requests of --prompts prompts x --n samples x --tokens tokens in flight for --seconds, and counts the
+tokens received; the server's CPU time (utime + stime of its process, every thread) over the same window gives CPU
+seconds per million tokens, the figure that does not depend on how fast the client reads. Arms, run in rounds with
+their order rotated (bench/harness.py):
+
+- grpc, grpc_stream (GenerateRequest.stream_tokens: a message per sample per engine step), grpc_top5
+  (top_logprobs 5), grpc_routes (return_routed_experts, a second server on the bundled tiny MoE model);
+- vllm (`/v1/completions`, token prompts, `logprobs` 0: the sampled token's), vllm_top5 (`logprobs` 5), vllm_stream;
+- sglang (`/generate`, `return_logprob`), sglang_top5 (`top_logprobs_num` 5).
+
+--vllm-output measures vLLM's own output path (its OutputProcessor turning EngineCoreOutputs into RequestOutputs, in
+the front end's process) followed by the engine's conversion to a SeqResult (engine/vllm_engine.py), fed at once
+with --prompts x --n sequences per step; it needs no server.
+
+--profile ARM runs that arm's server under cProfile (py-spy cannot read this Python build: "Failed to find python
+version") and prints the functions with the most own time. Results: bench/results/frontend_ceiling.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import ROOT, rotate, spread, write_result
+
+if os.environ.get("FRONTEND_CEILING_CODE"):      # a --baseline server: the service's code of another revision
+    sys.path.insert(0, os.environ["FRONTEND_CEILING_CODE"])
+from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.types import Routes, SeqRequest, SeqResult, TokenDelta
+
+GRPC_ARMS = ("grpc", "grpc_stream", "grpc_top5", "grpc_routes")
+HTTP_ARMS = ("vllm", "vllm_top5", "vllm_stream", "sglang", "sglang_top5")
+ARMS = GRPC_ARMS + HTTP_ARMS
+SERVER_CORE, CLIENT_CORE = 0, 1
+
+
+class InstantEngine(Engine):
+    """An engine that answers at once: made-up tokens with log-probs (and top-k rows and routes when asked), the
+    whole sample, or one delta per step with every running sequence's step taken before the next."""
+
+    def __init__(self, engine_id: str, moe=None):
+        super().__init__(engine_id)
+        self.moe = moe            # model_info.MoeShape of the served model (routes) or None
+        self.streams: list[list] = []     # streamed sequences running: [request, on_delta, next token, done]
+        self.stepper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.state = EngineState.READY
+
+    async def generate(self, req: SeqRequest, on_delta=None) -> SeqResult:
+        n, k, v = req.max_tokens, req.top_logprobs, self.policy_version
+        ids, lps, top_ids, top_lps = (list(x) for x in self._made(n, k))
+        prompt = len(req.prompt_token_ids)
+        if req.stream and on_delta is not None:      # one delta per step, from the engine's one step loop
+            done = asyncio.get_running_loop().create_future()
+            self.streams.append([req, on_delta, 0, done])
+            if self.stepper is None or self.stepper.done():
+                self.stepper = asyncio.create_task(self._steps())
+            await done
+        else:
+            await asyncio.sleep(0)
+        routes = self._routes(req.routes_from, prompt + n - 1 - req.routes_from) if req.return_routed_experts else None
+        return SeqResult(token_ids=ids, logprobs=lps, finish_reason="length", policy_version=v,
+                         version_spans=[(v, 0)], draft_version=self.draft_version, top_token_ids=top_ids,
+                         top_logprobs=top_lps, routed_experts=routes)
+
+    async def _steps(self) -> None:
+        """The engine's step loop, as vLLM's output handler: each step hands every running sequence its next token,
+        then lets the event loop run (the readers) before the next."""
+        while self.streams:
+            running = []
+            for entry in self.streams:
+                req, on_delta, i, done = entry
+                ids, lps, top_ids, top_lps = self._made(req.max_tokens, req.top_logprobs)
+                routes = None
+                if req.return_routed_experts:
+                    prompt = len(req.prompt_token_ids)
+                    routes = self._routes(0, prompt) if i == 0 else self._routes(prompt + i - 1, 1)
+                on_delta(TokenDelta(start=i, token_ids=ids[i:i + 1], logprobs=lps[i:i + 1],
+                                    version_spans=[(self.policy_version, i)], top_token_ids=top_ids[i:i + 1],
+                                    top_logprobs=top_lps[i:i + 1], routed_experts=routes))
+                entry[2] = i + 1
+                if i + 1 < req.max_tokens:
+                    running.append(entry)
+                elif not done.done():
+                    done.set_result(None)
+            self.streams = running
+            await asyncio.sleep(0)
+
+    @functools.lru_cache(maxsize=64)
+    def _made(self, n: int, k: int) -> tuple:
+        """A sample's tokens, log-probs and top-k rows, made once per shape: no engine work is measured."""
+        ids = [(7 * i + 11) % 30000 for i in range(n)]
+        top_ids = [[t + j for j in range(k)] for t in ids] if k else []
+        return ids, [-0.5] * n, top_ids, [[-0.5 - j for j in range(k)] for _ in ids] if k else []
+
+    def _routes(self, first: int, rows: int) -> Routes:
+        m = self.moe
+        return Routes(first_row=first, rows=rows, layers=m.num_layers, top_k=m.top_k, dtype="uint8",
+                      data=bytes(rows * m.num_layers * m.top_k), version_spans=[(self.policy_version, first)])
+
+    async def shutdown(self) -> None:
+        self.state = EngineState.STOPPED
+
+    async def pause(self, mode: str) -> None:
+        self.state = EngineState.PAUSED
+
+    async def resume(self) -> None:
+        self.state = EngineState.READY
+
+    async def load_weights(self, path: str, target: str) -> None:
+        pass
+
+    async def prepare_weights(self, paths: list[str], target: str) -> bool:
+        return False
+
+    async def swap_weights(self, target: str) -> None:
+        pass
+
+    async def discard_weights(self) -> None:
+        pass
+
+    async def set_versions(self, policy_version: int, draft_version: int) -> None:
+        self.policy_version, self.draft_version = policy_version, draft_version
+
+
+def serve_instant(args) -> None:
+    """This process as the service, its engines InstantEngines (the --serve-instant child)."""
+    os.sched_setaffinity(0, {SERVER_CORE})
+    from rollout_service.config import load_config
+    from rollout_service.model_info import ModelInfo
+    from rollout_service.server.app import serve
+
+    moe = ModelInfo.load(args.model, 2048).moe
+    cfg = load_config(None, **{"grpc_port": args.port, "http_port": args.http_port, "engines": args.engines,
+                               "max_queue": 100000, "engine.model": args.model})
+    if args.profile_out:                 # the measured window only: SIGUSR1 starts the profile, SIGUSR2 writes it
+        import cProfile
+        import signal
+
+        prof = cProfile.Profile()
+        signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
+        signal.signal(signal.SIGUSR2, lambda *_: (prof.disable(), prof.dump_stats(args.profile_out)))
+    asyncio.run(serve(cfg, args.model, factory=lambda engine_id: InstantEngine(engine_id, moe)))
+
+
+class Server:
+    """A --serve-instant child process (optionally under cProfile)."""
+
+    def __init__(self, model: str, engines: int, log: Path, profile: Path | None = None, code: Path | None = None):
+        from rollout_client.launcher import free_port
+
+        self.port, self.http_port = free_port(), free_port()
+        self.cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-instant", "--model", model, "--engines",
+                    str(engines), "--port", str(self.port), "--http-port", str(self.http_port),
+                    *(["--profile-out", str(profile)] if profile else [])]
+        self.profile, self.code = profile, code
+        self.log, self.proc = log, None
+
+    def start(self, timeout: float = 120) -> "Server":
+        import httpx
+
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT),
+                                          **({"FRONTEND_CEILING_CODE": str(self.code)} if self.code else {})})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the instant server exited ({self.proc.returncode}); see {self.log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.http_port}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the instant server did not get ready in {timeout} s; see {self.log}")
+
+    def cpu_s(self) -> float:
+        """utime + stime of the server process so far (all its threads)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def profiling(self, on: bool) -> None:
+        """Start (on) or stop and write this server's profile, if it has one."""
+        if self.profile:
+            self.proc.send_signal(signal.SIGUSR1 if on else signal.SIGUSR2)
+            if not on:
+                time.sleep(1.0)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# ---- clients: one request of each arm, returning (tokens, messages) --------------------------------------------
+def grpc_request(arm: str, prompts: list[list[int]], n: int, tokens: int):
+    from rollout_service.api import pb
+
+    return pb.GenerateRequest(
+        prompts=[pb.Prompt(token_ids=p) for p in prompts], n=n,
+        sampling=pb.SamplingParams(max_tokens=tokens, ignore_eos=True),
+        stream_tokens=arm == "grpc_stream", top_logprobs=5 if arm == "grpc_top5" else 0,
+        return_routed_experts=arm == "grpc_routes")
+
+
+async def grpc_call(stub, req) -> tuple[int, int]:
+    toks = msgs = 0
+    async for s in stub.Generate(req):
+        msgs += 1
+        if not s.delta:
+            toks += len(s.token_ids)
+    return toks, msgs
+
+
+def http_body(arm: str, prompts: list[list[int]], n: int, tokens: int) -> tuple[str, dict]:
+    if arm.startswith("vllm"):
+        return "/v1/completions", {"model": "policy", "prompt": prompts, "n": n, "max_tokens": tokens,
+                                   "ignore_eos": True, "logprobs": 5 if arm == "vllm_top5" else 0,
+                                   "stream": arm == "vllm_stream"}
+    return "/generate", {"input_ids": prompts, "return_logprob": True, "top_logprobs_num": 5 if arm == "sglang_top5"
+                         else 0, "sampling_params": {"max_new_tokens": tokens, "n": n, "ignore_eos": True}}
+
+
+async def http_call(client, url: str, body: dict) -> tuple[int, int]:
+    if body.get("stream"):
+        toks = msgs = 0
+        async with client.stream("POST", url, json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    msgs += 1
+                    toks += sum(len(c.get("token_ids") or [0]) for c in json.loads(line[6:])["choices"])
+        return toks, msgs
+    r = await client.post(url, json=body)
+    r.raise_for_status()
+    out = r.json()
+    if "usage" in out:
+        return out["usage"]["completion_tokens"], 1
+    outs = out if isinstance(out, list) else [out]
+    return sum(len(o["output_ids"]) for o in outs), 1
+
+
+async def drive(arm: str, server: Server, args) -> dict:
+    """Keep --concurrency requests of this arm in flight for --seconds; tokens/s, messages/s, server CPU."""
+    prompts = [[(101 * p + i) % 30000 + 1 for i in range(args.prompt_len)] for p in range(args.prompts)]
+    if arm in GRPC_ARMS:
+        import grpc
+
+        from rollout_service.api import pb_grpc
+
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=[
+            ("grpc.max_receive_message_length", 256 << 20)])
+        stub = pb_grpc.RolloutServiceStub(channel)
+        req = grpc_request(arm, prompts, args.n, args.tokens)
+        call = lambda: grpc_call(stub, req)  # noqa: E731
+        close = channel.close
+    else:
+        import httpx
+
+        client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120)
+        url, body = http_body(arm, prompts, args.n, args.tokens)
+        call = lambda: http_call(client, url, body)  # noqa: E731
+        close = client.aclose
+    await call()                                     # warm: connections, the first request's paths
+    totals = {"tokens": 0, "messages": 0, "requests": 0}
+    stop_at = time.monotonic() + args.seconds
+
+    async def loop():
+        while time.monotonic() < stop_at:
+            t, m = await call()
+            totals["tokens"] += t
+            totals["messages"] += m
+            totals["requests"] += 1
+
+    server.profiling(True)
+    cpu0, t0 = server.cpu_s(), time.monotonic()
+    await asyncio.gather(*(loop() for _ in range(args.concurrency)))
+    wall, cpu = time.monotonic() - t0, server.cpu_s() - cpu0
+    server.profiling(False)
+    await close()
+    toks = totals["tokens"]
+    return {"tok_s": round(toks / wall), "msg_s": round(totals["messages"] / wall), "requests": totals["requests"],
+            "tokens": toks, "wall_s": round(wall, 2), "server_cpu_s": round(cpu, 2),
+            "cpu_s_per_mtok": round(cpu / toks * 1e6, 3) if toks else None,
+            "server_busy": round(cpu / wall, 3)}
+
+
+def baseline_code(rev: str) -> Path:
+    """The service's package as of git revision `rev`, unpacked beside the logs (for --baseline)."""
+    out = Path(f"/tmp/frontend_ceiling-{rev}")
+    if not (out / "rollout_service").is_dir():
+        out.mkdir(parents=True, exist_ok=True)
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "rollout_service"], check=True,
+                             capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(out)], input=tar, check=True)
+    return out
+
+
+def run_arms(args) -> dict:
+    """Every arm against the current code (and --baseline's) in rounds with a rotated order."""
+    from rollout_service.cli import resolve_model
+    from rollout_service.moe_model import MOE_MODEL_NAME
+
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; choose from {','.join(ARMS)}")
+    if args.profile and args.profile not in arms:
+        raise SystemExit(f"--profile {args.profile}: not among --arms")
+    variants = {"current": None, **({"baseline": baseline_code(args.baseline)} if args.baseline else {})}
+    profile = Path(args.profile_out or logs / "server.prof") if args.profile else None
+    dense, moe = resolve_model(args.model), resolve_model(MOE_MODEL_NAME)
+
+    def key(arm: str, variant: str) -> str:
+        if args.profile == arm and variant == "current":
+            return f"profile-{arm}"
+        return f"{variant}-{'moe' if arm == 'grpc_routes' else 'dense'}"
+
+    servers: dict[str, Server] = {}
+    runs = [(a, v) for a in arms for v in variants]
+    try:
+        for arm, variant in runs:
+            k = key(arm, variant)
+            if k not in servers:
+                servers[k] = Server(moe if arm == "grpc_routes" else dense, args.engines, logs / f"{k}.log",
+                                    profile if k.startswith("profile") else None, variants[variant]).start()
+        rows = []
+        for r in range(args.rounds):
+            row: dict = {a: {} for a in arms}
+            for arm, variant in rotate(runs, r):
+                time.sleep(0.5)
+                x = row[arm][variant] = asyncio.run(drive(arm, servers[key(arm, variant)], args))
+                print(f"round {r} {arm:>12} {variant:>8}: {x['tok_s']:>10,} tok/s  {x['msg_s']:>8,} msg/s  "
+                      f"{x['cpu_s_per_mtok']:>7} CPU s/M tokens  server busy {x['server_busy']:.2f}", flush=True)
+            rows.append(row)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    summary: dict = {}
+    for a in arms:
+        summary[a] = {v: {"tok_s": spread([row[a][v]["tok_s"] for row in rows], 0),
+                          "cpu_s_per_mtok": spread([row[a][v]["cpu_s_per_mtok"] for row in rows], 3),
+                          "msg_s": spread([row[a][v]["msg_s"] for row in rows], 0)} for v in variants}
+        if args.baseline:      # per round: the baseline's CPU per token over the current code's (> 1: now cheaper)
+            summary[a]["cpu_ratio_baseline_over_current"] = spread(
+                [row[a]["baseline"]["cpu_s_per_mtok"] / row[a]["current"]["cpu_s_per_mtok"] for row in rows], 3)
+    if args.profile:
+        summary[args.profile]["profiled"] = True     # its current figures carry cProfile's overhead
+        if profile.is_file():
+            summary["profile"] = {"arm": args.profile, "top": top_functions(profile, 25)}
+    return {"summary": summary, "rounds": rows}
+
+
+def top_functions(path: Path, count: int) -> list[dict]:
+    """The functions with the most own time in a cProfile file, printed and returned."""
+    import pstats
+
+    st = pstats.Stats(str(path))
+    total = sum(v[2] for v in st.stats.values())
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:count]
+    out = []
+    print(f"cProfile of the server, {total:.2f} s of own time in all; most own time:")
+    for (file, line, fn), (_, calls, tt, ct, _) in rows:
+        where = f"{Path(file).name}:{line}({fn})"
+        out.append({"function": where, "calls": calls, "own_s": round(tt, 3), "share": round(tt / total, 4)})
+        print(f"  {tt / total:6.1%} {tt:8.3f} s {calls:>9} calls  {where}")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=6.0, help="each arm's window per round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=16, help="prompts per request")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--tokens", type=int, default=256, help="tokens per sample")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    p.add_argument("--engines", type=int, default=1, help="instant engines in the pool")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--model", default=None, help="the served model (tokenizer, shape); default: the embedded one")
+    p.add_argument("--profile", default="", help="run this arm's server under cProfile")
+    p.add_argument("--baseline", default="", help="a git revision: run every arm against its code too (ratios)")
+    p.add_argument("--profile-out", default="", help="where the profile goes (default: beside the logs)")
+    p.add_argument("--logs", default="/tmp/frontend_ceiling")
+    p.add_argument("--out", default=None)
+    p.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--http-port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_instant:
+        serve_instant(args)
+        return
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("needs 2 cores: the server on one, the client on the other")
+    result = run_arms(args)
+    config = {k: getattr(args, k) for k in ("seconds", "rounds", "prompts", "n", "tokens", "prompt_len",
+                                            "concurrency", "engines", "arms", "baseline")}
+    path = write_result("frontend_ceiling", config, result["summary"], result["rounds"], out=args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
