@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ROOT, rotate, spread, write_result
+from harness import RESULTS, ROOT, rotate, spread, write_result
 
 if os.environ.get("FRONTEND_CEILING_CODE"):      # a --baseline server: the service's code of another revision
     sys.path.insert(0, os.environ["FRONTEND_CEILING_CODE"])
@@ -333,6 +333,8 @@ def run_arms(args) -> dict:
     if args.profile and args.profile not in arms:
         raise SystemExit(f"--profile {args.profile}: not among --arms")
     variants = {"current": None, **({"baseline": baseline_code(args.baseline)} if args.baseline else {})}
+    if args.baseline_first:            # start its servers first (a process started earlier can run slower here)
+        variants = dict(reversed(list(variants.items())))
     profile = Path(args.profile_out or logs / "server.prof") if args.profile else None
     dense, moe = resolve_model(args.model), resolve_model(MOE_MODEL_NAME)
 
@@ -376,6 +378,146 @@ def run_arms(args) -> dict:
     return {"summary": summary, "rounds": rows}
 
 
+def vllm_output(args, flat: bool, k: int, stream: bool) -> dict:
+    """vLLM's output path in this process, at its fastest: each engine step's EngineCoreOutputs (one new token per
+    sequence, with the sampled token's log-prob and the top k) as the engine core sends them (msgpack), decoded, through
+    vLLM's OutputProcessor into each request's collector, then what VllmEngine.generate does with a RequestOutput
+    (engine/vllm_engine.py: a delta per step when streamed, the SeqResult at the end). CPU time of this thread only."""
+    import numpy as np
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+    from vllm.v1.outputs import LogprobsLists
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from rollout_service.engine import vllm_engine as ve
+
+    seqs, steps = args.prompts * args.n, args.tokens
+    kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    op = OutputProcessor(None, log_stats=False)
+    queues = {}
+    for i in range(seqs):
+        rid = f"s{i}"
+        params = SamplingParams(max_tokens=steps, logprobs=k, detokenize=False, flat_logprobs=flat, output_kind=kind,
+                                ignore_eos=True)
+        queues[rid] = RequestOutputCollector(kind, rid)
+        op.add_request(EngineCoreRequest(rid, list(range(1, args.prompt_len + 1)), None, params, None, 0.0, None,
+                                         None, None, external_req_id=rid), None, queue=queues[rid])
+    enc, dec = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
+    ids = np.arange(k + 1, dtype=np.int32)[None, :] + 11
+    lps = -np.arange(1, k + 2, dtype=np.float32)[None, :]
+    wire = [enc.encode(EngineCoreOutputs(outputs=[
+        EngineCoreOutput(rid, [11], LogprobsLists(ids, lps, np.array([1], dtype=np.int32)),
+                         finish_reason=FinishReason.LENGTH if t == steps - 1 else None) for rid in queues]))
+        for t in range(steps)]
+    parts = {rid: ve._Parts() for rid in queues}
+    results = 0
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for t in range(steps):
+        outs = dec.decode(wire[t])
+        op.process_outputs(outs.outputs)
+        for rid, q in queues.items():
+            out = q.get_nowait()
+            if out is None:
+                continue
+            comp = out.outputs[0]
+            if stream:
+                start = parts[rid].add(comp, k)
+                if not out.finished:
+                    parts[rid].delta(start, [(0, start)])
+                else:
+                    parts[rid].result(comp, 0, 0)
+                    results += 1
+            else:
+                ve._to_result(comp, 0, 0, k)
+                results += 1
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    toks = seqs * steps
+    assert results == seqs, f"{results} of {seqs} sequences finished"
+    return {"tok_s": round(toks / wall), "cpu_s_per_mtok": round(cpu / toks * 1e6, 3), "tokens": toks}
+
+
+def run_vllm_output(args) -> dict:
+    """--vllm-output: vLLM's output path with vLLM's dict log-probs and with its flat ones (what the engine asks for
+    now), unstreamed and streamed, without and with the top 5, in rounds."""
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    cases = [(flat, k, stream) for stream in (False, True) for k in (0, 5) for flat in (False, True)]
+    rows = []
+    for r in range(args.rounds):
+        row = {}
+        for flat, k, stream in rotate(cases, r):
+            name = f"{'stream' if stream else 'final'}_top{k}_{'flat' if flat else 'dict'}"
+            row[name] = x = vllm_output(args, flat, k, stream)
+            print(f"round {r} vLLM output path {name:>18}: {x['tok_s']:>9,} tok/s  {x['cpu_s_per_mtok']:>7} CPU s/M "
+                  "tokens", flush=True)
+        rows.append(row)
+    summary = {name: {"tok_s": spread([row[name]["tok_s"] for row in rows], 0),
+                      "cpu_s_per_mtok": spread([row[name]["cpu_s_per_mtok"] for row in rows], 3)} for name in rows[0]}
+    for name in rows[0]:
+        if name.endswith("_flat"):
+            dict_name = name[:-len("flat")] + "dict"
+            summary[name]["cpu_ratio_dict_over_flat"] = spread(
+                [row[dict_name]["cpu_s_per_mtok"] / row[name]["cpu_s_per_mtok"] for row in rows], 3)
+    return {"summary": summary, "rounds": rows}
+
+
+RACK_GPUS = 72          # a GB200 NVL72 rack
+# policy -> (its EAGLE-3 head, GPUs per engine, the engine's layout): docs/projections.md's layouts
+RACK_POLICIES = {"qwen3-8b": ("qwen3-8b-eagle3", 1, ["--tp", "1"]),
+                 "qwen3-30b-a3b": ("qwen3-30b-a3b-eagle3", 8, ["--tp", "1", "--ep", "8"])}
+
+
+def rack_rate(policy: str, drafter: str, gpus: int, layout: list[str], concurrency: int, acceptance: float) -> dict:
+    """A GB200 NVL72 rack's decode rate by the performance model (`rollout-service simulate`): every engine of `gpus`
+    GPUs at `concurrency` sequences per GPU, speculation at its best k."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "sim.json"
+        subprocess.run([sys.executable, "-m", "rollout_service.cli", "simulate", "--hardware", "gb200",
+                        "--policy-config", policy, "--drafter-config", drafter, "--acceptance", str(acceptance),
+                        "--concurrency", str(concurrency * gpus), "--prompts", "64", "--group", "16", *layout,
+                        "--json", str(out)], check=True, capture_output=True, cwd=ROOT)
+        sim = json.loads(out.read_text())
+    row = sim["by_concurrency"][0]
+    engines = RACK_GPUS // gpus
+    return {"engines": engines, "gpus_per_engine": gpus, "sequences_per_gpu": concurrency,
+            "plain_tok_s_per_engine": round(row["plain_tok_s"]), "best_k": row["best_k"],
+            "speedup": row["best_speedup"],
+            "rack_tok_s": round(engines * row["plain_tok_s"] * row["best_speedup"])}
+
+
+def projection(ceiling: dict, output_path: dict, concurrency: int, acceptance: float) -> dict:
+    """Front-end processes a GB200 NVL72 rack needs, per request shape: the rack's decode rate (performance model)
+    times the CPU seconds a million tokens cost (this run's medians): the service's own (the instant-engine arms), plus
+    vLLM's output path where the engines' AsyncLLM lives in the front end's process (embedded engines; a Ray engine
+    runs it in its actor). One process is one core at most (Python), assumed as fast as this machine's."""
+    own = {a: v["current"]["cpu_s_per_mtok"]["median"] for a, v in ceiling.items() if isinstance(v, dict)
+           and "current" in v}
+    vllm_path = {"final": output_path["final_top0_flat"]["cpu_s_per_mtok"]["median"],
+                 "final_top5": output_path["final_top5_flat"]["cpu_s_per_mtok"]["median"],
+                 "stream": output_path["stream_top0_flat"]["cpu_s_per_mtok"]["median"]}
+    path_of = {"grpc": "final", "grpc_top5": "final_top5", "grpc_stream": "stream", "grpc_routes": "final",
+               "vllm": "final", "vllm_top5": "final_top5", "vllm_stream": "stream", "sglang": "final",
+               "sglang_top5": "final_top5"}
+    out = {}
+    for policy, (drafter, gpus, layout) in RACK_POLICIES.items():
+        rack = rack_rate(policy, drafter, gpus, layout, concurrency, acceptance)
+        mtok_s = rack["rack_tok_s"] / 1e6
+        shapes = {}
+        for arm, cpu in own.items():
+            embedded = cpu + vllm_path[path_of[arm]]
+            shapes[arm] = {"ray_engines": round(mtok_s * cpu, 2), "embedded_engines": round(mtok_s * embedded, 2)}
+        out[policy] = {**rack, "processes": shapes}
+        print(f"{policy} on a GB200 NVL72 rack: {rack['engines']} engines x {rack['plain_tok_s_per_engine']:,} tok/s "
+              f"plain x {rack['speedup']:.2f} (k={rack['best_k']}) at {concurrency} sequences per GPU = "
+              f"{rack['rack_tok_s'] / 1e6:.2f} M tok/s; front-end cores (processes) needed:")
+        for arm, x in shapes.items():
+            print(f"  {arm:>12}: {x['ray_engines']:6.2f} with Ray engines, {x['embedded_engines']:6.2f} with engines "
+                  "in the front end's process")
+    return out
+
+
 def top_functions(path: Path, count: int) -> list[dict]:
     """The functions with the most own time in a cProfile file, printed and returned."""
     import pstats
@@ -406,9 +548,14 @@ def main() -> None:
     p.add_argument("--model", default=None, help="the served model (tokenizer, shape); default: the embedded one")
     p.add_argument("--profile", default="", help="run this arm's server under cProfile")
     p.add_argument("--baseline", default="", help="a git revision: run every arm against its code too (ratios)")
+    p.add_argument("--baseline-first", action="store_true", help="start the baseline's servers before the current's")
     p.add_argument("--profile-out", default="", help="where the profile goes (default: beside the logs)")
     p.add_argument("--logs", default="/tmp/frontend_ceiling")
     p.add_argument("--out", default=None)
+    p.add_argument("--vllm-output", action="store_true", help="measure vLLM's output path in this process instead")
+    p.add_argument("--project", action="store_true", help="only the GB200 NVL72 rack projection, from the results")
+    p.add_argument("--rack-concurrency", type=int, default=256, help="sequences per GPU in the projection")
+    p.add_argument("--acceptance", type=float, default=0.62, help="EAGLE-3 acceptance per position (projection)")
     p.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--http-port", type=int, help=argparse.SUPPRESS)
@@ -418,11 +565,31 @@ def main() -> None:
         return
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs 2 cores: the server on one, the client on the other")
-    result = run_arms(args)
+    if args.project:
+        project_only(args)
+        return
+    result = run_vllm_output(args) if args.vllm_output else run_arms(args)
     config = {k: getattr(args, k) for k in ("seconds", "rounds", "prompts", "n", "tokens", "prompt_len",
                                             "concurrency", "engines", "arms", "baseline")}
-    path = write_result("frontend_ceiling", config, result["summary"], result["rounds"], out=args.out)
+    name = "frontend_ceiling_vllm_output" if args.vllm_output else "frontend_ceiling"
+    path = write_result(name, config, result["summary"], result["rounds"], out=args.out)
     print(f"wrote {path}")
+    if not args.vllm_output and (RESULTS / "frontend_ceiling_vllm_output.json").is_file():
+        project_only(args)
+
+
+def project_only(args) -> None:
+    """--project: the rack projection again from the current results files (no run); written into the ceiling's."""
+    files = [Path(args.out or RESULTS / "frontend_ceiling.json"), RESULTS / "frontend_ceiling_vllm_output.json"]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise SystemExit(f"--project needs {' and '.join(missing)}: run this script without --project first (and "
+                         "with --vllm-output)")
+    ceiling = json.loads(files[0].read_text())
+    ceiling["projection"] = projection(ceiling["summary"], json.loads(files[1].read_text())["summary"],
+                                       args.rack_concurrency, args.acceptance)
+    files[0].write_text(json.dumps(ceiling, indent=1) + "\n")
+    print(f"wrote the projection into {files[0]}")
 
 
 if __name__ == "__main__":

@@ -212,6 +212,7 @@ class VllmEngine(Engine):
             # the sampled token's log-prob and the top-k, under the processed distribution (logprobs_mode) in
             # plain and speculative steps alike (vLLM's rejection sampler gathers them from the same logits)
             logprobs=req.top_logprobs,
+            flat_logprobs=True,      # kept as flat lists (vLLM's FlatLogprobs): no dict and no Logprob per entry
             output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
             routed_experts_prompt_start=req.routes_from,
             structured_outputs=StructuredOutputsParams(**json.loads(req.structured_outputs))
@@ -455,6 +456,14 @@ class _RowStream:
 def _logprobs(comp, token_ids: list[int], k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
     """A CompletionOutput's log-probs: the sampled token's at every position and, with k > 0, the k most likely
     tokens' (vLLM gives the sampled token and the top k per position, each with its rank)."""
+    flat = comp.logprobs
+    if hasattr(flat, "start_indices"):    # FlatLogprobs: per position the sampled token, then ranks 1..k in order
+        starts, values = flat.start_indices[:len(token_ids)], flat.logprobs
+        if not k:
+            return [values[i] for i in starts], [], []
+        ids = flat.token_ids
+        return ([values[i] for i in starts], [ids[i + 1:i + 1 + k] for i in starts],
+                [values[i + 1:i + 1 + k] for i in starts])
     logprobs, top_ids, top_lps = [], [], []
     for pos, tok in enumerate(token_ids):
         entry = comp.logprobs[pos]

@@ -50,9 +50,12 @@ class Progress:
             raise ValueError(f"a delta starting at {d.start} follows the tokens before {self.end}")
         self.token_ids += d.token_ids
         self.logprobs += d.logprobs
-        self.top_token_ids += d.top_token_ids
-        self.top_logprobs += d.top_logprobs
-        self.version_spans = joined_spans(self.version_spans, d.version_spans)
+        if d.top_token_ids:
+            self.top_token_ids += d.top_token_ids
+            self.top_logprobs += d.top_logprobs
+        spans = d.version_spans
+        if not (len(spans) == 1 and self.version_spans and self.version_spans[-1][0] == spans[0][0]):
+            self.version_spans = joined_spans(self.version_spans, spans)   # (the same version: nothing to add)
         if d.routed_experts is not None:
             self.routes = d.routed_experts if self.routes is None else self.routes.then(d.routed_experts)
 
@@ -103,7 +106,10 @@ class RequestRecord:
         """New tokens of an unfinished sample (called by the engine's step loop: never blocks)."""
         if self.done:
             return
-        self.progress.setdefault((prompt_index, sample_index), Progress(first=delta.start)).extend(delta)
+        prog = self.progress.get((prompt_index, sample_index))
+        if prog is None:
+            prog = self.progress[(prompt_index, sample_index)] = Progress(first=delta.start)
+        prog.extend(delta)
         self._notify()
 
     def finish(self, error: ServiceError | None = None) -> None:
@@ -119,8 +125,9 @@ class RequestRecord:
             t.cancel()
 
     def _notify(self) -> None:
+        """Wake the readers. The event stays set until a reader looks again (batches): an engine step's thousand
+        deltas set it once, not a thousand fresh events."""
         self.changed.set()
-        self.changed = asyncio.Event()
 
     async def read(self, deltas: bool = False):
         """Yield every result from the first; raise the record's error, if any, at the end. deltas: also yield an
@@ -137,6 +144,8 @@ class RequestRecord:
         sent: dict[tuple[int, int], tuple[int, int]] = {}   # per unfinished sample: the tokens and routed-experts
         #                                                     rows this reader has sent
         while True:
+            if self.changed.is_set():     # what set it is read below; anything later sets the new one
+                self.changed = asyncio.Event()
             changed = self.changed
             batch: list[IndexedResult | IndexedDelta] = self.results[i:]
             i += len(batch)

@@ -1,6 +1,8 @@
 """Internal structs -> proto messages (the servicer stays thin)."""
 from __future__ import annotations
 
+from itertools import chain   # top-k rows, flattened as the proto carries them (row-major)
+
 from rollout_service.api import pb
 from rollout_service.config import MODEL_FREE_METHODS
 from rollout_service.errors import invalid, invalid_field
@@ -37,8 +39,8 @@ def sample_to_proto(item: IndexedResult, prompt_ids: list[int], send_prompt: boo
         draft_version=r.draft_version, num_drafted=r.num_drafted, num_accepted=r.num_accepted,
         text=r.text if with_text else "", num_prompt_tokens=len(prompt_ids),
         prompt_token_ids=prompt_ids if send_prompt else [],
-        top_token_ids=[t for row in r.top_token_ids for t in row],
-        top_logprobs=[lp for row in r.top_logprobs for lp in row],
+        top_token_ids=chain.from_iterable(r.top_token_ids),
+        top_logprobs=chain.from_iterable(r.top_logprobs),
         num_cached_tokens=r.num_cached_tokens,
         routed_experts=routes_to_proto(r.routed_experts),
     )
@@ -70,8 +72,8 @@ def delta_to_proto(item: IndexedDelta, num_prompt_tokens: int) -> pb.Sample:
         policy_version=d.version_spans[0][0] if d.version_spans else 0,
         version_spans=[pb.VersionSpan(policy_version=v, first_token=t) for v, t in d.version_spans],
         num_prompt_tokens=num_prompt_tokens, delta=True, delta_start=d.start,
-        top_token_ids=[t for row in d.top_token_ids for t in row],
-        top_logprobs=[lp for row in d.top_logprobs for lp in row],
+        top_token_ids=chain.from_iterable(d.top_token_ids),
+        top_logprobs=chain.from_iterable(d.top_logprobs),
         routed_experts=routes_to_proto(d.routed_experts),
     )
 

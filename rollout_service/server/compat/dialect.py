@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import grpc
+import msgspec
 from fastapi.responses import JSONResponse
 
 from rollout_service.errors import Name, ServiceError
@@ -62,6 +63,19 @@ def from_service_error(e: ServiceError, spelling: Spelling | None = None) -> Dia
         return part
     param = None if e.field is None else spell(e.field, spelling) or e.field
     return DialectError(HTTP_STATUS.get(e.code, 500), "".join(map(text, e.parts)), param)
+
+
+class FastJSONResponse(JSONResponse):
+    """A JSON answer encoded by msgspec: 4-10x faster than the json module on log-prob-heavy answers (the same JSON
+    but for a non-finite float, which is null here and an error (500) in JSONResponse)."""
+
+    def render(self, content) -> bytes:
+        return msgspec.json.encode(content)
+
+
+def sse_event(obj) -> str:
+    """One server-sent event carrying `obj` as JSON (msgspec, as FastJSONResponse)."""
+    return f"data: {msgspec.json.encode(obj).decode()}\n\n"
 
 
 def error_response(e: DialectError) -> JSONResponse:

@@ -16,6 +16,7 @@ from rollout_service.api import pb
 from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
 from rollout_service.pool.requests import IndexedResult, Progress, split
+from rollout_service.server.compat.dialect import FastJSONResponse, sse_event
 from rollout_service.server.compat.routes import routes_raw_base64
 from rollout_service.server.compat.gateway import (
     MIN_LOGPROB,
@@ -161,7 +162,7 @@ async def _run(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_logpr
             if v is None:
                 out[i] = _aborted(rid, len(checked.prompt_token_ids[i // n]), return_logprob, gw.pool.policy_version)
     body = out if batched or n > 1 else out[0]
-    return JSONResponse(body, headers=rollout_headers(items))
+    return FastJSONResponse(body, headers=rollout_headers(items))
 
 
 async def _stream(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_logprob: bool) -> Response:
@@ -179,7 +180,7 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, batched: bool, return_lo
         out = _sample(IndexedResult(*key, r), text, len(checked.prompt_token_ids[key[0]]), rid, return_logprob)
         if batched or n > 1:
             out["index"] = key[0] * n + key[1]
-        return f"data: {json.dumps(out)}\n\n"
+        return sse_event(out)
 
     async def events():
         try:

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import grpc
 import msgspec
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from rollout_service.api import pb
 from rollout_service.engine.types import SeqResult
 from rollout_service.errors import ServiceError
 from rollout_service.pool.requests import IndexedResult, split
+from rollout_service.server.compat.dialect import FastJSONResponse, sse_event
 from rollout_service.server.compat.routes import routes_npy_base64
 from rollout_service.server.compat.gateway import (
     MIN_LOGPROB,
@@ -257,11 +258,14 @@ class Writer:
                 for piece in strs:
                     offsets.append(at)
                     at += len(piece)
-                # vLLM's shape: per position the N most likely tokens and the sampled one
-                c["logprobs"] = {"tokens": strs, "token_logprobs": r.logprobs,
-                                 "top_logprobs": [{name(a): max(b, MIN_LOGPROB) for a, b in zip(ts, ls)}
-                                                  | {name(t): lp}
-                                                  for t, lp, ts, ls in zip(r.token_ids, r.logprobs, tops, top_lps)],
+                # vLLM's shape: per position the N most likely tokens and the sampled one (its own entry last, or
+                # where the top N has it: a dict keeps the first place of a key it updates)
+                top_entries = []
+                for s, lp, ts, ls in zip(strs, r.logprobs, tops, top_lps):
+                    entry = dict(zip(map(name, ts), [b if b > MIN_LOGPROB else MIN_LOGPROB for b in ls]))
+                    entry[s] = lp
+                    top_entries.append(entry)
+                c["logprobs"] = {"tokens": strs, "token_logprobs": r.logprobs, "top_logprobs": top_entries,
                                  "text_offset": offsets}
             else:
                 c["logprobs"] = None
@@ -326,7 +330,7 @@ async def _collect(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling
             choices += [w.aborted_choice(p, s) for p in range(len(checked.prompt_token_ids))
                         for s in range(opts.n) if (p, s) not in done]
         choices.sort(key=lambda c: c["index"])
-        return JSONResponse(w.envelope(choices, items), headers=rollout_headers(items))
+        return FastJSONResponse(w.envelope(choices, items), headers=rollout_headers(items))
 
 
 async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling) -> Response:
@@ -372,7 +376,7 @@ async def _stream(gw: Gateway, req: pb.GenerateRequest, opts: Options, spelling)
                 c["delta"] = c.pop("message")
                 if not first:
                     c["delta"].pop("role")
-        return f"data: {json.dumps(w.envelope(choices, [], chunk=True))}\n\n"
+        return sse_event(w.envelope(choices, [], chunk=True))
 
     async def events():
         items, started, sent = [], set(), {}
