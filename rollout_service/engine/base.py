@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 from collections.abc import Callable
 
@@ -135,3 +136,27 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def set_versions(self, policy_version: int, draft_version: int) -> None:
         """Label what the engine now serves; samples carry these from the next step on."""
+
+
+class EngineGone(RuntimeError):
+    """An engine died while a control-plane call waited for it (unless_dead)."""
+
+
+async def unless_dead(engine, call, poll_s: float = 0.2):
+    """Await `call` (a coroutine on `engine`), raising EngineGone once the engine is no longer alive. vLLM 0.32 never
+    answers a call (AsyncLLM.add_lora, pause_generation, collective_rpc) sent to an engine core that then died: its
+    AsyncMPClient leaves the call's future pending. A commit awaiting one held the push lock for good, and the
+    supervisor, which restarts a dead engine under that lock, waited behind it: the pool never served again
+    (bench/soak.py: an engine killed while an adapter push committed). Every control-plane call made under the push
+    lock goes through this (weights/committer.py, weights/adapter_commit.py, pool/pool.py)."""
+    task = asyncio.ensure_future(call)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if not engine.alive():
+                raise EngineGone(f"{engine.id} died ({engine.death_reason() or 'not alive'})")
+    finally:
+        if not task.done():
+            task.cancel()

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import msgspec
 
-from rollout_service.engine.base import Engine, EngineState
+from rollout_service.engine.base import Engine, EngineGone, EngineState, unless_dead
 from rollout_service.engine.types import ADAPTER_WEIGHTS_FILE, SeqRequest
 from rollout_service.config import LoraConfig
 from rollout_service.errors import ServiceError, refused_by_engine, unavailable
@@ -110,10 +110,10 @@ class EnginePool:
             for engine in engines:
                 for target, f in files.items():
                     if f is not None:
-                        await engine.load_weights(str(f), target)
-                await engine.set_versions(self.policy_version, self.draft_version)
+                        await unless_dead(engine, engine.load_weights(str(f), target))
+                await unless_dead(engine, engine.set_versions(self.policy_version, self.draft_version))
                 for av in self.adapters.loaded():       # every adapter version the others hold
-                    await engine.add_adapter(av.vllm_name, av.lora_id, str(av.path))
+                    await unless_dead(engine, engine.add_adapter(av.vllm_name, av.lora_id, str(av.path)))
                 engine.state = EngineState.READY
         finally:
             for f in files.values():
@@ -167,7 +167,11 @@ class EnginePool:
                 engine.state = EngineState.UNHEALTHY
                 return False
             if self.held is not None:                  # an operator's pause covers it too
-                await engine.pause(self.held)
+                try:
+                    await unless_dead(engine, engine.pause(self.held))
+                except EngineGone:                     # dead again: the supervisor's next round restarts it
+                    engine.state = EngineState.UNHEALTHY
+                    return False
             log.info("%s started at policy version %d, drafter version %d", engine.id, self.policy_version,
                      self.draft_version)
             return True
@@ -246,7 +250,11 @@ class EnginePool:
         carry them from the next step on. Every serving engine holds the committed versions (a commit lands on
         all of them or on none): its label is a copy, not a vote. Called under the push lock."""
         self.versions.update(committed)
-        await asyncio.gather(*(e.set_versions(self.policy_version, self.draft_version) for e in engines))
+        results = await asyncio.gather(*(unless_dead(e, e.set_versions(self.policy_version, self.draft_version))
+                                         for e in engines), return_exceptions=True)
+        for err in results:         # one that died meanwhile: the supervisor restarts it at these versions
+            if isinstance(err, BaseException) and not isinstance(err, EngineGone):
+                raise err
 
     # ---- data plane ------------------------------------------------------------------------------
     def submit(self, request_id: str, fingerprint: bytes, groups: list[list[SeqRequest]], session: str = "", *,
@@ -336,7 +344,7 @@ class EnginePool:
         (vLLM's LRU cache bounds what it holds); nothing is served from it again."""
         async with self.push_lock:
             for av in versions:
-                results = await asyncio.gather(*(e.remove_adapter(av.lora_id) for e in self.engines
+                results = await asyncio.gather(*(unless_dead(e, e.remove_adapter(av.lora_id)) for e in self.engines
                                                  if e.state in (EngineState.READY, EngineState.PAUSED)),
                                                return_exceptions=True)
                 for err in results:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from rollout_service.engine.base import EngineState
+from rollout_service.engine.base import EngineGone, EngineState, unless_dead
 from rollout_service.errors import ServiceError
 from rollout_service.faults import crash_point
 from rollout_service.pool.adapters import Adapter, AdapterVersion
@@ -64,8 +64,8 @@ class AdapterCommitter:
                                 spec.target_modules)
             engines = [e for e in self.pool.engines if e.state in (EngineState.READY, EngineState.PAUSED)]
             t0 = time.perf_counter()
-            results = await asyncio.gather(*(e.add_adapter(av.vllm_name, av.lora_id, str(folder)) for e in engines),
-                                           return_exceptions=True)
+            results = await asyncio.gather(*(unless_dead(e, e.add_adapter(av.vllm_name, av.lora_id, str(folder)))
+                                             for e in engines), return_exceptions=True)
             failed = [(e.id, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
             loaded = [e for e, r in zip(engines, results) if not isinstance(r, BaseException)]
             if not failed and self.registry.durable:
@@ -76,15 +76,19 @@ class AdapterCommitter:
                     failed = [(f"the state_dir ({self.registry.record_path})", e)]
                 crash_point("adapter_record_written")
             if failed:
-                await asyncio.gather(*(e.remove_adapter(av.lora_id) for e in loaded), return_exceptions=True)
+                await asyncio.gather(*(unless_dead(e, e.remove_adapter(av.lora_id)) for e in loaded),
+                                     return_exceptions=True)
                 await asyncio.to_thread(shutil.rmtree, folder, True)
                 where, err = failed[0]
                 previous = self.registry.adapters.get(name)
                 still = (f"adapter {name!r} version {previous.latest} still serves" if previous and previous.latest
                          else f"adapter {name!r} is not served")
-                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT if _refused(err) else grpc.StatusCode.INTERNAL,
-                                   f"loading adapter {name!r} version {version} failed on {where} "
-                                   f"({type(err).__name__}: {err}); nothing changed: {still}") from err
+                code = (grpc.StatusCode.INVALID_ARGUMENT if _refused(err) else grpc.StatusCode.UNAVAILABLE
+                        if isinstance(err, EngineGone) else grpc.StatusCode.INTERNAL)
+                raise ServiceError(code, f"loading adapter {name!r} version {version} failed on {where} "
+                                         f"({type(err).__name__}: {err}); nothing changed: {still}"
+                                         + ("; retry once the engine restarted" if isinstance(err, EngineGone)
+                                            else "")) from err
             apply_s = time.perf_counter() - t0
             drop = self.registry.record(av, tenant)
         if drop:

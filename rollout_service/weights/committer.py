@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from rollout_service.engine.base import EngineState
+from rollout_service.engine.base import EngineGone, EngineState, unless_dead
 from rollout_service.errors import ServiceError
 from rollout_service.faults import crash_point
 from rollout_service.fingerprint import file_digests
@@ -140,22 +140,22 @@ class WeightCommitter:
         crash_point("prepared")
         held = self.pool.held is not None                               # paused by an operator already
         if not held:
-            await asyncio.gather(*(e.pause(mode) for e in engines))   # returns once the current step ended
+            await self._pause(engines, mode, version, target)          # returns once the current step ended
         crash_point("paused")
         t_apply = time.perf_counter()                              # from here on nothing generates
         swapped = []
         try:
             for e, ready in zip(engines, prepared):
-                await e.apply_weights(ready, loads, target)    # not ready: engine.weight_reload = "in_place"
+                await unless_dead(e, e.apply_weights(ready, loads, target))   # not ready: weight_reload in_place
                 swapped.append(e)
         except Exception as err:  # noqa: BLE001 - any engine failure rolls the whole commit back
             failed = engines[len(swapped)]
-            await asyncio.gather(*(e.discard_weights() for e in engines[len(swapped) + 1:]),
+            await asyncio.gather(*(unless_dead(e, e.discard_weights()) for e in engines[len(swapped) + 1:]),
                                  return_exceptions=True)
             await self._roll_back(swapped + [failed], restore, target)
             if not held:
-                await asyncio.gather(*(e.resume() for e in engines if e.state is EngineState.PAUSED))
-            raise ServiceError(grpc.StatusCode.INTERNAL,
+                await self._resume([e for e in engines if e.state is EngineState.PAUSED])
+            raise ServiceError(_code(err),
                                f"commit of {target} version {version} failed on {failed.id} "
                                f"({type(err).__name__}: {err}); every engine still serves {target} version "
                                f"{self.pool.versions[target]}") from err
@@ -164,7 +164,7 @@ class WeightCommitter:
         await self.pool.label(engines, **{target: version})
         crash_point("labelled")
         if not held:
-            await asyncio.gather(*(e.resume() for e in engines))
+            await self._resume(engines)
         pause_s = time.perf_counter() - t_apply
         crash_point("resumed")
         # Copying the committed file away (LoadWeights: a whole model) must not stall the event loop.
@@ -177,16 +177,39 @@ class WeightCommitter:
     async def _prepare(self, engines, preparing: list, version: int, target: str) -> list[bool]:
         """Every engine loads the new weights beside the served ones, or none keeps them. Per engine: True
         if it prepared, False if it loads in place once paused."""
-        results = await asyncio.gather(*preparing, return_exceptions=True)
+        results = await asyncio.gather(*(unless_dead(e, p) for e, p in zip(engines, preparing)),
+                                       return_exceptions=True)
         failed = [(e, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
         if not failed:
             return results
-        await asyncio.gather(*(e.discard_weights() for e in engines), return_exceptions=True)
+        await asyncio.gather(*(unless_dead(e, e.discard_weights()) for e in engines), return_exceptions=True)
         engine, err = failed[0]
-        raise ServiceError(grpc.StatusCode.INTERNAL,
+        raise ServiceError(_code(err),
                            f"loading {target} version {version} failed on {engine.id} ({type(err).__name__}: "
                            f"{err}); nothing was applied, every engine still serves {target} version "
                            f"{self.pool.versions[target]}") from err
+
+    async def _pause(self, engines, mode: str, version: int, target: str) -> None:
+        """Pause every engine, or none: one that fails (or dies) to pause fails the commit, nothing applied, and the
+        others resume."""
+        results = await asyncio.gather(*(unless_dead(e, e.pause(mode)) for e in engines), return_exceptions=True)
+        failed = [(e, r) for e, r in zip(engines, results) if isinstance(r, BaseException)]
+        if not failed:
+            return
+        await asyncio.gather(*(unless_dead(e, e.discard_weights()) for e in engines), return_exceptions=True)
+        await self._resume([e for e, r in zip(engines, results) if not isinstance(r, BaseException)])
+        engine, err = failed[0]
+        raise ServiceError(_code(err), f"pausing {engine.id} for {target} version {version} failed "
+                                       f"({type(err).__name__}: {err}); nothing was applied, every engine still "
+                                       f"serves {target} version {self.pool.versions[target]}") from err
+
+    async def _resume(self, engines) -> None:
+        """Resume `engines`; one that died meanwhile is the supervisor's (it restarts it at the committed versions),
+        any other failure is raised."""
+        results = await asyncio.gather(*(unless_dead(e, e.resume()) for e in engines), return_exceptions=True)
+        for err in results:
+            if isinstance(err, BaseException) and not isinstance(err, EngineGone):
+                raise err
 
     async def _roll_back(self, engines, names: list[str], target: str) -> None:
         # reads and writes a model's worth
@@ -194,9 +217,14 @@ class WeightCommitter:
         try:
             for e in engines:
                 try:
-                    await e.load_weights(str(path), target)
+                    await unless_dead(e, e.load_weights(str(path), target))
                 except Exception:  # noqa: BLE001
                     log.exception("%s: could not restore %s weights", e.id, target)
                     self.pool.mark_unhealthy(e, f"could not restore {target} weights (the supervisor restarts it)")
         finally:
             path.unlink(missing_ok=True)
+
+
+def _code(err: BaseException) -> grpc.StatusCode:
+    """An engine that died mid-commit: retry once it restarted (UNAVAILABLE); any other failure is INTERNAL."""
+    return grpc.StatusCode.UNAVAILABLE if isinstance(err, EngineGone) else grpc.StatusCode.INTERNAL

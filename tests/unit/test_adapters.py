@@ -183,6 +183,26 @@ async def test_a_failed_load_on_one_engine_changes_nothing(ckpt):
 
 
 @sync
+async def test_an_engine_dying_during_an_adapter_commit_fails_it_retriable_and_releases_the_push_lock(ckpt):
+    """vLLM never answers add_lora sent to an engine core that then died: the commit held the push lock for good and
+    the supervisor, which restarts the engine under it, waited behind it (found by bench/soak.py)."""
+    pool, weights, service = await make(ckpt)
+    await push(weights, "alice", 1)
+    e1 = pool.engines[1]
+
+    async def dies_unanswered(*args):
+        e1.kill()
+        await asyncio.Event().wait()
+    e1.add_adapter = dies_unanswered
+    with pytest.raises(ServiceError) as e:
+        await asyncio.wait_for(push(weights, "alice", 2), 10)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE and "version 1 still serves" in str(e.value)
+    assert not pool.push_lock.locked()
+    assert pool.adapters.adapters["alice"].latest == 1
+    assert [dict(x.adapters) for x in pool.engines][0] == {1: "alice@v1"}     # engine 0 unloaded version 2 again
+
+
+@sync
 async def test_limits_count_rank_and_bytes(ckpt):
     pool, weights, _ = await make(ckpt, max_adapters=1, max_adapter_mb=0.0005)
     with pytest.raises(ServiceError) as e:                        # 6 tensors of float32: ~700 bytes > 524
@@ -253,6 +273,23 @@ async def test_unknown_adapter_and_unload(ckpt):
     assert e.value.code == grpc.StatusCode.NOT_FOUND
     await push(weights, "alice", 1)                                # a new line after an unload
     assert pool.adapters.adapters["alice"].latest == 1
+
+
+@sync
+async def test_an_engine_dying_while_an_adapter_unloads_releases_the_push_lock(ckpt):
+    """The same unanswered call on the pool's side (bench/soak.py's second run wedged there): unloading an adapter
+    from an engine that died meanwhile gives up on that engine, so the lock is free for the supervisor's restart."""
+    pool, weights, service = await make(ckpt)
+    await push(weights, "alice", 1)
+    e1 = pool.engines[1]
+
+    async def dies_unanswered(*args):
+        e1.kill()
+        await asyncio.Event().wait()
+    e1.remove_adapter = dies_unanswered
+    status = await asyncio.wait_for(service.unload_adapter("alice"), 10)
+    assert status.name == "alice" and not pool.push_lock.locked()
+    assert not pool.engines[0].adapters and not pool.adapters.adapters
 
 
 @sync

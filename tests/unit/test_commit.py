@@ -237,3 +237,25 @@ def test_a_cut_stream_cancelled_again_while_its_last_copy_ends_still_gives_up_it
         assert not list(scratch.scratch_root().glob("*.safetensors"))
         assert pool.policy_version == 0 and all(not e.events for e in pool.engines)
     asyncio.run(main())
+
+
+def test_an_engine_dying_unanswered_during_a_commit_fails_it_retriable_and_releases_the_push_lock(make_service):
+    """vLLM never answers a call (pause_generation, collective_rpc) sent to an engine core that then died: the commit
+    held the push lock for good, so the supervisor could not restart the engine (found by bench/soak.py). Now the
+    commit fails UNAVAILABLE, the other engines resume on the old version and the lock is free."""
+    async def main():
+        pool, svc = await make_service()
+        await push(svc, {"a.weight": torch.full((4, 3), 1.0)}, 1, partial=True)
+        e1 = pool.engines[1]
+
+        async def dies_unanswered(*args):
+            e1.kill()
+            await asyncio.Event().wait()
+        e1.pause = dies_unanswered
+        with pytest.raises(ServiceError) as e:
+            await asyncio.wait_for(push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 2, partial=True), 10)
+        assert e.value.code is grpc.StatusCode.UNAVAILABLE and "still serves policy version 1" in e.value.message
+        assert not pool.push_lock.locked() and pool.policy_version == 1
+        e0 = pool.engines[0]
+        assert e0.state is EngineState.READY and torch.equal(e0.weights["a.weight"], torch.full((4, 3), 1.0))
+    asyncio.run(main())
