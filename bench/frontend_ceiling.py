@@ -3,7 +3,8 @@ at once (not a test).
 
     .venv/bin/python bench/frontend_ceiling.py [--seconds 6] [--rounds 2] [--prompts 16] [--n 4] [--tokens 256]
                                                [--concurrency 4] [--arms grpc,grpc_stream,...] [--profile ARM]
-                                               [--out bench/results/frontend_ceiling.json]
+                                               [--baseline REV] [--out bench/results/frontend_ceiling.json]
+    .venv/bin/python bench/frontend_ceiling.py --vllm-output | --ray-hop | --project
 
 Each arm is one request shape against the real service (`serve()` of server/app.py: the gRPC servicer, the pool, the
 HTTP dialects) started as a process of its own on core 0, whose engines are `InstantEngine`s: a finished sample (or,
@@ -23,8 +24,13 @@ their order rotated (bench/harness.py):
 the front end's process) followed by the engine's conversion to a SeqResult (engine/vllm_engine.py), fed at once
 with --prompts x --n sequences per step; it needs no server.
 
+--ray-hop measures what a sample costs the front end when its engine is a Ray actor (the call, the answer through
+Ray, the SeqResult's decode), with an actor that answers at once. --project (also run after every arms run) projects
+how many front-end processes a GB200 NVL72 rack needs, from these results and the performance model.
+
 --profile ARM runs that arm's server under cProfile (py-spy cannot read this Python build: "Failed to find python
-version") and prints the functions with the most own time. Results: bench/results/frontend_ceiling.json.
+version") and prints the functions with the most own time. Results: bench/results/frontend_ceiling.json (with the
+projection), frontend_ceiling_vllm_output.json, frontend_ceiling_ray_hop.json; what they say: docs/frontend.md.
 """
 from __future__ import annotations
 
@@ -461,6 +467,63 @@ def run_vllm_output(args) -> dict:
     return {"summary": summary, "rounds": rows}
 
 
+class HopActor:
+    """A Ray actor shaped like ray_engine.EngineActor.generate: a msgpack SeqRequest in, a SeqResult out, at once."""
+
+    def __init__(self, result: bytes):
+        self.result = result
+
+    async def generate(self, req: bytes) -> bytes:
+        return self.result
+
+
+def ray_hop(args) -> dict:
+    """--ray-hop: what a sample costs the front end when its engine is a Ray actor (engine/ray_engine.py): the call,
+    its answer through Ray, the SeqResult's msgpack decode; --concurrency x --prompts x --n calls in flight, for
+    --seconds per round. CPU time of this process (the front end's side); Ray's own processes are not counted."""
+    import msgspec
+    import ray
+
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        n = args.tokens
+        result = msgspec.msgpack.encode(SeqResult(token_ids=[(7 * i + 11) % 30000 for i in range(n)],
+                                                  logprobs=[-0.5] * n, finish_reason="length",
+                                                  version_spans=[(0, 0)]))
+        actor = ray.remote(HopActor).options(max_concurrency=1000).remote(result)
+        req = msgspec.msgpack.encode(SeqRequest(seq_id="s", prompt_token_ids=list(range(args.prompt_len)),
+                                                max_tokens=n))
+
+        async def window() -> dict:
+            calls = 0
+            stop_at = time.monotonic() + args.seconds
+
+            async def loop():
+                nonlocal calls
+                while time.monotonic() < stop_at:
+                    msgspec.msgpack.decode(await actor.generate.remote(req), type=SeqResult)
+                    calls += 1
+            await loop()                                   # warm
+            stop_at = time.monotonic() + args.seconds
+            cpu0, t0 = time.process_time(), time.monotonic()
+            await asyncio.gather(*(loop() for _ in range(args.concurrency * args.prompts * args.n)))
+            cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+            return {"calls_s": round(calls / wall), "tok_s": round(calls * n / wall),
+                    "cpu_ms_per_sample": round(cpu / calls * 1e3, 4),
+                    "cpu_s_per_mtok": round(cpu / (calls * n) * 1e6, 3)}
+
+        rows = []
+        for r in range(args.rounds):
+            rows.append(x := asyncio.run(window()))
+            print(f"round {r} Ray hop: {x['calls_s']:,} samples/s, {x['cpu_ms_per_sample']} CPU ms a sample = "
+                  f"{x['cpu_s_per_mtok']} CPU s/M tokens at {n} tokens a sample", flush=True)
+    finally:
+        ray.shutdown()
+    summary = {k: spread([row[k] for row in rows], 4) for k in rows[0]}
+    return {"summary": summary, "rounds": rows}
+
+
 RACK_GPUS = 72          # a GB200 NVL72 rack
 # policy -> (its EAGLE-3 head, GPUs per engine, the engine's layout): docs/projections.md's layouts
 RACK_POLICIES = {"qwen3-8b": ("qwen3-8b-eagle3", 1, ["--tp", "1"]),
@@ -487,11 +550,12 @@ def rack_rate(policy: str, drafter: str, gpus: int, layout: list[str], concurren
             "rack_tok_s": round(engines * row["plain_tok_s"] * row["best_speedup"])}
 
 
-def projection(ceiling: dict, output_path: dict, concurrency: int, acceptance: float) -> dict:
+def projection(ceiling: dict, output_path: dict, concurrency: int, acceptance: float, hop: dict | None) -> dict:
     """Front-end processes a GB200 NVL72 rack needs, per request shape: the rack's decode rate (performance model)
     times the CPU seconds a million tokens cost (this run's medians): the service's own (the instant-engine arms), plus
     vLLM's output path where the engines' AsyncLLM lives in the front end's process (embedded engines; a Ray engine
-    runs it in its actor). One process is one core at most (Python), assumed as fast as this machine's."""
+    runs it in its actor; `hop`: --ray-hop's summary, a sample's Ray call, added to the Ray column when measured).
+    One process is one core at most (Python), assumed as fast as this machine's."""
     own = {a: v["current"]["cpu_s_per_mtok"]["median"] for a, v in ceiling.items() if isinstance(v, dict)
            and "current" in v}
     vllm_path = {"final": output_path["final_top0_flat"]["cpu_s_per_mtok"]["median"],
@@ -507,7 +571,8 @@ def projection(ceiling: dict, output_path: dict, concurrency: int, acceptance: f
         shapes = {}
         for arm, cpu in own.items():
             embedded = cpu + vllm_path[path_of[arm]]
-            shapes[arm] = {"ray_engines": round(mtok_s * cpu, 2), "embedded_engines": round(mtok_s * embedded, 2)}
+            ray = cpu + (hop["cpu_s_per_mtok"]["median"] if hop else 0.0)
+            shapes[arm] = {"ray_engines": round(mtok_s * ray, 2), "embedded_engines": round(mtok_s * embedded, 2)}
         out[policy] = {**rack, "processes": shapes}
         print(f"{policy} on a GB200 NVL72 rack: {rack['engines']} engines x {rack['plain_tok_s_per_engine']:,} tok/s "
               f"plain x {rack['speedup']:.2f} (k={rack['best_k']}) at {concurrency} sequences per GPU = "
@@ -553,6 +618,7 @@ def main() -> None:
     p.add_argument("--logs", default="/tmp/frontend_ceiling")
     p.add_argument("--out", default=None)
     p.add_argument("--vllm-output", action="store_true", help="measure vLLM's output path in this process instead")
+    p.add_argument("--ray-hop", action="store_true", help="measure a sample's Ray call from an engine actor instead")
     p.add_argument("--project", action="store_true", help="only the GB200 NVL72 rack projection, from the results")
     p.add_argument("--rack-concurrency", type=int, default=256, help="sequences per GPU in the projection")
     p.add_argument("--acceptance", type=float, default=0.62, help="EAGLE-3 acceptance per position (projection)")
@@ -568,13 +634,14 @@ def main() -> None:
     if args.project:
         project_only(args)
         return
-    result = run_vllm_output(args) if args.vllm_output else run_arms(args)
+    result = (run_vllm_output(args) if args.vllm_output else ray_hop(args) if args.ray_hop else run_arms(args))
     config = {k: getattr(args, k) for k in ("seconds", "rounds", "prompts", "n", "tokens", "prompt_len",
                                             "concurrency", "engines", "arms", "baseline")}
-    name = "frontend_ceiling_vllm_output" if args.vllm_output else "frontend_ceiling"
+    name = ("frontend_ceiling_vllm_output" if args.vllm_output else "frontend_ceiling_ray_hop" if args.ray_hop
+            else "frontend_ceiling")
     path = write_result(name, config, result["summary"], result["rounds"], out=args.out)
     print(f"wrote {path}")
-    if not args.vllm_output and (RESULTS / "frontend_ceiling_vllm_output.json").is_file():
+    if name == "frontend_ceiling" and (RESULTS / "frontend_ceiling_vllm_output.json").is_file():
         project_only(args)
 
 
@@ -586,8 +653,10 @@ def project_only(args) -> None:
         raise SystemExit(f"--project needs {' and '.join(missing)}: run this script without --project first (and "
                          "with --vllm-output)")
     ceiling = json.loads(files[0].read_text())
+    hop = RESULTS / "frontend_ceiling_ray_hop.json"
     ceiling["projection"] = projection(ceiling["summary"], json.loads(files[1].read_text())["summary"],
-                                       args.rack_concurrency, args.acceptance)
+                                       args.rack_concurrency, args.acceptance,
+                                       json.loads(hop.read_text())["summary"] if hop.is_file() else None)
     files[0].write_text(json.dumps(ceiling, indent=1) + "\n")
     print(f"wrote the projection into {files[0]}")
 
