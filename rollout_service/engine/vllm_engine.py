@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import json
 import logging
 import os
@@ -412,7 +414,31 @@ class VllmEngine(Engine):
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+            await _release_engine_memory()
         self.state = EngineState.STOPPED
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):          # not glibc: nothing to trim
+        pass
+
+
+async def _release_engine_memory() -> None:
+    """After an AsyncLLM's shutdown: free what is left of it now and hand the freed heap back to the OS. Without this
+    every engine restart grew the front end's RSS by 30-45 MB for good (5 engine-core kills: 797 -> 991 MB) although no
+    object of the old engine survived (its AsyncLLM and ZMQ context were gone, tracemalloc flat): glibc malloc kept the
+    freed pages of each engine's start-up and teardown (malloc_trim gave back 25-120 MB each time). The collection
+    (0.01-0.04 s, once per restart) frees an old engine caught in reference cycles before the trim instead of at some
+    later full collection (its ZMQ context's 3 threads and ~9 fds outlived it until then); malloc_trim releases the
+    GIL (ctypes), so it runs off the loop. With it the same kills left the front end at 845-864 MB, flat."""
+    t0 = time.perf_counter()
+    found = gc.collect()
+    held = time.perf_counter() - t0
+    await asyncio.to_thread(_malloc_trim)
+    log.info("engine memory released: %d objects collected in %.2f s, heap trimmed in %.2f s", found, held,
+             time.perf_counter() - t0 - held)
 
 
 def routes_of(rows, req: SeqRequest, token_spans: list[tuple[int, int]], first_row: int | None = None) -> Routes:
