@@ -484,8 +484,13 @@ def ray_hop(args) -> dict:
     import msgspec
     import ray
 
+    from tests.ray_cluster import LocalRayCluster
+
     os.sched_setaffinity(0, {CLIENT_CORE})
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # a throwaway `ray start` cluster, as the tests use: ray.init() starting its own would also write
+    # ~/.ray/auth_token, which turns token authentication on for every later cluster of this user (test_ray failed)
+    cluster = LocalRayCluster(num_cpus=1).__enter__()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     try:
         n = args.tokens
         result = msgspec.msgpack.encode(SeqResult(token_ids=[(7 * i + 11) % 30000 for i in range(n)],
@@ -520,6 +525,7 @@ def ray_hop(args) -> dict:
                   f"{x['cpu_s_per_mtok']} CPU s/M tokens at {n} tokens a sample", flush=True)
     finally:
         ray.shutdown()
+        cluster.__exit__(None, None, None)
     summary = {k: spread([row[k] for row in rows], 4) for k in rows[0]}
     return {"summary": summary, "rounds": rows}
 

@@ -44,6 +44,14 @@ class FakeEngine(Engine):
     def alive(self) -> bool:
         return not self.dead
 
+    def dies_unanswered(self):
+        """A stand-in for a control-plane method: the engine dies and the call is never answered (as vLLM 0.32 leaves a
+        call sent to an engine core that then died)."""
+        async def call(*args):
+            self.kill()
+            await asyncio.Event().wait()
+        return call
+
     def death_reason(self) -> str:
         return "killed" if self.dead else ""
 

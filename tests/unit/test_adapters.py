@@ -189,11 +189,7 @@ async def test_an_engine_dying_during_an_adapter_commit_fails_it_retriable_and_r
     pool, weights, service = await make(ckpt)
     await push(weights, "alice", 1)
     e1 = pool.engines[1]
-
-    async def dies_unanswered(*args):
-        e1.kill()
-        await asyncio.Event().wait()
-    e1.add_adapter = dies_unanswered
+    e1.add_adapter = e1.dies_unanswered()
     with pytest.raises(ServiceError) as e:
         await asyncio.wait_for(push(weights, "alice", 2), 10)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE and "version 1 still serves" in str(e.value)
@@ -282,11 +278,7 @@ async def test_an_engine_dying_while_an_adapter_unloads_releases_the_push_lock(c
     pool, weights, service = await make(ckpt)
     await push(weights, "alice", 1)
     e1 = pool.engines[1]
-
-    async def dies_unanswered(*args):
-        e1.kill()
-        await asyncio.Event().wait()
-    e1.remove_adapter = dies_unanswered
+    e1.remove_adapter = e1.dies_unanswered()
     status = await asyncio.wait_for(service.unload_adapter("alice"), 10)
     assert status.name == "alice" and not pool.push_lock.locked()
     assert not pool.engines[0].adapters and not pool.adapters.adapters

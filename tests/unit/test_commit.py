@@ -247,11 +247,7 @@ def test_an_engine_dying_unanswered_during_a_commit_fails_it_retriable_and_relea
         pool, svc = await make_service()
         await push(svc, {"a.weight": torch.full((4, 3), 1.0)}, 1, partial=True)
         e1 = pool.engines[1]
-
-        async def dies_unanswered(*args):
-            e1.kill()
-            await asyncio.Event().wait()
-        e1.pause = dies_unanswered
+        e1.pause = e1.dies_unanswered()
         with pytest.raises(ServiceError) as e:
             await asyncio.wait_for(push(svc, {"a.weight": torch.full((4, 3), 9.0)}, 2, partial=True), 10)
         assert e.value.code is grpc.StatusCode.UNAVAILABLE and "still serves policy version 1" in e.value.message
