@@ -44,12 +44,12 @@ the first window's, within the last process of each role), fd and thread growth,
 fault windows, lost and mislabelled samples, commits, faults injected and recovered, and the issue's goals each met
 or not. Results: bench/results/soak.json (bench/harness.py's schema; rounds: the rows); --plot draws the series.
 
-Measured 2026-12-07, `--minutes 15` (bench/results/soak.json): 4,940 requests, 11,084 samples, 114 commits, 8
-faults, all recovered; none lost, mislabelled or wrong; fds and threads flat, probe p99 drift +4.5%; RSS growth
-missed (front ends +11% and +8%). Found and fixed: an engine that died during a commit left the pool serving nothing
-for good (the commit waited for an answer vLLM never sends, holding the push lock the restart needs; engine/base.py
-unless_dead), and each engine restart left the front end ~40 MB larger (glibc kept the freed heap; VllmEngine.shutdown
-now collects and trims).
+Measured 2026-12-07, `--minutes 15` (now in soak.json's history; the later runs: docs/reliability.md): 4,940 requests,
+11,084 samples, 114 commits, 8 faults, all recovered; none lost, mislabelled or wrong; fds and threads flat, probe p99
+drift +4.5%; RSS growth missed (front ends +11% and +8%). Found and fixed: an engine that died during a commit left the
+pool serving nothing for good (the commit waited for an answer vLLM never sends, holding the push lock the restart
+needs; engine/base.py unless_dead), and each engine restart left the front end ~40 MB larger (glibc kept the freed heap;
+VllmEngine.shutdown now collects and trims).
 """
 from __future__ import annotations
 
