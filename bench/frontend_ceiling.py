@@ -477,11 +477,46 @@ class HopActor:
         return self.result
 
 
+def _ray_hop_rounds(args, ray) -> list[dict]:
+    """--ray-hop's rounds on a connected Ray: --concurrency x --prompts x --n callers for --seconds each (after a
+    second of one caller, not counted)."""
+    import msgspec
+
+    n = args.tokens
+    result = msgspec.msgpack.encode(SeqResult(token_ids=[(7 * i + 11) % 30000 for i in range(n)],
+                                              logprobs=[-0.5] * n, finish_reason="length", version_spans=[(0, 0)]))
+    actor = ray.remote(HopActor).options(max_concurrency=1000).remote(result)
+    req = msgspec.msgpack.encode(SeqRequest(seq_id="s", prompt_token_ids=list(range(args.prompt_len)), max_tokens=n))
+
+    async def window() -> dict:
+        calls = 0
+
+        async def loop(stop_at: float):
+            nonlocal calls
+            while time.monotonic() < stop_at:
+                msgspec.msgpack.decode(await actor.generate.remote(req), type=SeqResult)
+                calls += 1
+        await loop(time.monotonic() + 1.0)                 # warm: the actor, the connection
+        calls = 0
+        stop_at = time.monotonic() + args.seconds
+        cpu0, t0 = time.process_time(), time.monotonic()
+        await asyncio.gather(*(loop(stop_at) for _ in range(args.concurrency * args.prompts * args.n)))
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+        return {"calls_s": round(calls / wall), "tok_s": round(calls * n / wall),
+                "cpu_ms_per_sample": round(cpu / calls * 1e3, 4), "cpu_s_per_mtok": round(cpu / (calls * n) * 1e6, 3)}
+
+    rows = []
+    for r in range(args.rounds):
+        rows.append(x := asyncio.run(window()))
+        print(f"round {r} Ray hop: {x['calls_s']:,} samples/s, {x['cpu_ms_per_sample']} CPU ms a sample = "
+              f"{x['cpu_s_per_mtok']} CPU s/M tokens at {n} tokens a sample", flush=True)
+    return rows
+
+
 def ray_hop(args) -> dict:
     """--ray-hop: what a sample costs the front end when its engine is a Ray actor (engine/ray_engine.py): the call,
     its answer through Ray, the SeqResult's msgpack decode; --concurrency x --prompts x --n calls in flight, for
     --seconds per round. CPU time of this process (the front end's side); Ray's own processes are not counted."""
-    import msgspec
     import ray
 
     from tests.ray_cluster import LocalRayCluster
@@ -489,43 +524,12 @@ def ray_hop(args) -> dict:
     os.sched_setaffinity(0, {CLIENT_CORE})
     # a throwaway `ray start` cluster, as the tests use: ray.init() starting its own would also write
     # ~/.ray/auth_token, which turns token authentication on for every later cluster of this user (test_ray failed)
-    cluster = LocalRayCluster(num_cpus=1).__enter__()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    try:
-        n = args.tokens
-        result = msgspec.msgpack.encode(SeqResult(token_ids=[(7 * i + 11) % 30000 for i in range(n)],
-                                                  logprobs=[-0.5] * n, finish_reason="length",
-                                                  version_spans=[(0, 0)]))
-        actor = ray.remote(HopActor).options(max_concurrency=1000).remote(result)
-        req = msgspec.msgpack.encode(SeqRequest(seq_id="s", prompt_token_ids=list(range(args.prompt_len)),
-                                                max_tokens=n))
-
-        async def window() -> dict:
-            calls = 0
-            stop_at = time.monotonic() + args.seconds
-
-            async def loop():
-                nonlocal calls
-                while time.monotonic() < stop_at:
-                    msgspec.msgpack.decode(await actor.generate.remote(req), type=SeqResult)
-                    calls += 1
-            await loop()                                   # warm
-            stop_at = time.monotonic() + args.seconds
-            cpu0, t0 = time.process_time(), time.monotonic()
-            await asyncio.gather(*(loop() for _ in range(args.concurrency * args.prompts * args.n)))
-            cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
-            return {"calls_s": round(calls / wall), "tok_s": round(calls * n / wall),
-                    "cpu_ms_per_sample": round(cpu / calls * 1e3, 4),
-                    "cpu_s_per_mtok": round(cpu / (calls * n) * 1e6, 3)}
-
-        rows = []
-        for r in range(args.rounds):
-            rows.append(x := asyncio.run(window()))
-            print(f"round {r} Ray hop: {x['calls_s']:,} samples/s, {x['cpu_ms_per_sample']} CPU ms a sample = "
-                  f"{x['cpu_s_per_mtok']} CPU s/M tokens at {n} tokens a sample", flush=True)
-    finally:
-        ray.shutdown()
-        cluster.__exit__(None, None, None)
+    with LocalRayCluster(num_cpus=1) as cluster:
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        try:
+            rows = _ray_hop_rounds(args, ray)
+        finally:
+            ray.shutdown()
     summary = {k: spread([row[k] for row in rows], 4) for k in rows[0]}
     return {"summary": summary, "rounds": rows}
 

@@ -29,4 +29,3 @@ async def run_to_end(work, what: str, orphaned=None):
                 orphaned(t.result())
         task.add_done_callback(after)
         raise
-
